@@ -1,0 +1,36 @@
+"""One exception hierarchy for everything sas reports to users.
+
+Every message names the offending argument (or primitive) and says what would be valid.
+"""
+
+from __future__ import annotations
+
+
+class SASError(Exception):
+    """Base class of every error sas raises on bad user input."""
+
+
+class PatternError(SASError):
+    """A primitive or operator was given arguments outside its domain."""
+
+
+class ParseError(SASError):
+    """A `.sas` text could not be parsed; carries the line and column."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.line = line
+        self.column = column
+        where = f" (line {line}, column {column})" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+class AnalysisError(SASError):
+    """The analyzer was asked something the pattern or the arguments do not allow."""
+
+
+class KernelError(SASError):
+    """A kernel was called with tensors or options it cannot accept."""
+
+
+class NotYetSupportedError(SASError):
+    """A feature that is designed but not built yet; the message says which issue owns it."""

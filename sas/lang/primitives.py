@@ -1,0 +1,243 @@
+"""The geometric primitives: Rect, Diag, Causal and Dynamic (docs/semantics.md)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sas.errors import PatternError
+from sas.lang.pattern import Pattern, _b
+
+Bound = tuple[int | None, int | None] | None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_int(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not _is_int(value):
+        kind = "an integer or None" if allow_none else "an integer"
+        raise PatternError(f"{name} must be {kind}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise PatternError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _pair(name: str, value: Any) -> tuple[Any, Any]:
+    if _is_int(value):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return value[0], value[1]
+    raise PatternError(f"{name} must be an integer or a pair (rows, cols) of integers, got {value!r}")
+
+
+def _check_range(name: str, value: Any) -> tuple[int | None, int | None]:
+    if value is None:
+        return None, None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise PatternError(f"{name} must be None or a pair (start, stop) with None for unbounded, got {value!r}")
+    lo = _check_int(f"{name}[0] (start)", value[0], minimum=0, allow_none=True)
+    hi = _check_int(f"{name}[1] (stop)", value[1], minimum=1, allow_none=True)
+    if lo is not None and hi is not None and hi <= lo:
+        raise PatternError(f"{name} = ({lo}, {hi}) is empty: stop must be greater than start")
+    return lo, hi
+
+
+def _cmp(left: ast.expr, op: ast.cmpop, right: ast.expr) -> ast.expr:
+    return ast.Compare(left=left, ops=[op], comparators=[right])
+
+
+def _const(v: int) -> ast.expr:
+    return ast.Constant(v)
+
+
+def _sub(a: ast.expr, k: int) -> ast.expr:
+    if k == 0:
+        return a
+    if k < 0:
+        return ast.BinOp(a, ast.Add(), _const(-k))
+    return ast.BinOp(a, ast.Sub(), _const(k))
+
+
+@dataclass(frozen=True)
+class Diag(Pattern):
+    """Cells with `offset <= i - j < offset + size` and `(i - j - offset) % stride == 0`.
+
+    `size=None` is unbounded below the offset; `stride` dilates the band (every stride-th
+    diagonal), as in Longformer's dilated window or OpenAI-strided's "every 512th key".
+    """
+
+    offset: int = 0
+    size: int | None = None
+    stride: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "offset", _check_int("Diag(offset=...)", self.offset))
+        object.__setattr__(self, "size", _check_int("Diag(size=...)", self.size, minimum=1, allow_none=True))
+        object.__setattr__(self, "stride", _check_int("Diag(stride=...)", self.stride, minimum=1))
+
+    def evaluate(self, i, j):
+        d = i - j - self.offset
+        m = d >= 0
+        if self.size is not None:
+            m = m & (d < self.size)
+        if self.stride > 1:
+            m = m & (d % self.stride == 0)
+        return m
+
+    def predicate(self, i, j):
+        diff = ast.BinOp(i, ast.Sub(), j)
+        parts = [_cmp(diff, ast.GtE(), _const(self.offset))]
+        if self.size is not None:
+            parts.append(_cmp(diff, ast.Lt(), _const(self.offset + self.size)))
+        if self.stride > 1:
+            parts.append(_cmp(ast.BinOp(_sub(diff, self.offset), ast.Mod(), _const(self.stride)), ast.Eq(), _const(0)))
+        return _b(ast.And(), parts)
+
+    def extent(self):
+        return None, None
+
+    def __repr__(self):
+        args = [f"offset={self.offset}", f"size={self.size}"]
+        if self.stride != 1:
+            args.append(f"stride={self.stride}")
+        return f"Diag({', '.join(args)})"
+
+
+def Causal() -> Diag:
+    """The causal mask `j <= i`, i.e. `Diag(offset=0, size=None)`."""
+    return Diag(0, None)
+
+
+@dataclass(frozen=True, init=False)
+class Rect(Pattern):
+    """An axis-aligned region `rows x cols` (None = unbounded on that side).
+
+    `stride`/`offset` (an int for both axes or a pair (rows, cols)) keep only the rows and
+    columns whose distance from the region start is `offset` modulo `stride`.
+    `Rect(size=(h, w))` is the `h x w` box at the origin.
+    """
+
+    rows: tuple[int | None, int | None]
+    cols: tuple[int | None, int | None]
+    stride: tuple[int, int]
+    offset: tuple[int, int]
+
+    def __init__(self, rows: Bound = None, cols: Bound = None, *, size: Any = None,
+                 stride: Any = 1, offset: Any = 0):
+        if size is not None:
+            if rows is not None or cols is not None:
+                raise PatternError("Rect: give either size=(h, w) or rows=/cols=, not both")
+            h, w = _pair("Rect(size=...)", size)
+            h = _check_int("Rect(size=...)[0] (rows)", h, minimum=1)
+            w = _check_int("Rect(size=...)[1] (cols)", w, minimum=1)
+            rows, cols = (0, h), (0, w)
+        r = _check_range("Rect(rows=...)", rows)
+        c = _check_range("Rect(cols=...)", cols)
+        sr, sc = _pair("Rect(stride=...)", stride)
+        sr = _check_int("Rect(stride=...) (rows)", sr, minimum=1)
+        sc = _check_int("Rect(stride=...) (cols)", sc, minimum=1)
+        orr, oc = _pair("Rect(offset=...)", offset)
+        orr = _check_int("Rect(offset=...) (rows)", orr, minimum=0)
+        oc = _check_int("Rect(offset=...) (cols)", oc, minimum=0)
+        if orr >= sr or oc >= sc:
+            raise PatternError(
+                f"Rect: offset {(orr, oc)} must be smaller than stride {(sr, sc)} on each axis "
+                f"(valid offsets are 0 .. stride-1)"
+            )
+        object.__setattr__(self, "rows", r)
+        object.__setattr__(self, "cols", c)
+        object.__setattr__(self, "stride", (sr, sc))
+        object.__setattr__(self, "offset", (orr, oc))
+
+    def _axis(self, x, rng, stride, offset):
+        lo, hi = rng
+        m = np.ones(np.shape(x), dtype=bool)
+        if lo is not None:
+            m = m & (x >= lo)
+        if hi is not None:
+            m = m & (x < hi)
+        if stride > 1:
+            m = m & ((x - (lo or 0)) % stride == offset)
+        return m
+
+    def evaluate(self, i, j):
+        return self._axis(i, self.rows, self.stride[0], self.offset[0]) & \
+            self._axis(j, self.cols, self.stride[1], self.offset[1])
+
+    def _axis_pred(self, x: ast.expr, rng, stride, offset) -> list[ast.expr]:
+        lo, hi = rng
+        parts: list[ast.expr] = []
+        if lo:
+            parts.append(_cmp(x, ast.GtE(), _const(lo)))
+        if hi is not None:
+            parts.append(_cmp(x, ast.Lt(), _const(hi)))
+        if stride > 1:
+            parts.append(_cmp(ast.BinOp(_sub(x, lo or 0), ast.Mod(), _const(stride)), ast.Eq(), _const(offset)))
+        return parts
+
+    def predicate(self, i, j):
+        return _b(ast.And(), self._axis_pred(i, self.rows, self.stride[0], self.offset[0])
+                  + self._axis_pred(j, self.cols, self.stride[1], self.offset[1]))
+
+    def extent(self):
+        return self.rows[1], self.cols[1]
+
+    def __repr__(self):
+        args = []
+        if self.rows != (None, None):
+            args.append(f"rows={self.rows}")
+        if self.cols != (None, None):
+            args.append(f"cols={self.cols}")
+        if self.stride != (1, 1):
+            args.append(f"stride={self.stride}")
+        if self.offset != (0, 0):
+            args.append(f"offset={self.offset}")
+        return f"Rect({', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class Dynamic(Pattern):
+    """A region whose keys are chosen at run time by an importance score.
+
+    `refresh=False`: the cache holds exactly `budget` dynamic entries, evicted keys are gone
+    (H2O). `refresh=True`: all keys stay, `budget` of them are loaded per step.
+    As a region (`to_mask`, static analysis) a Dynamic covers every cell; intersect it with
+    the region it should act on.
+    """
+
+    budget: int
+    score: Any = field(default=None)
+    refresh: bool = False
+
+    def __post_init__(self):
+        from sas.lang.ops import OpChain, default_score
+
+        object.__setattr__(self, "budget", _check_int("Dynamic(budget=...)", self.budget, minimum=1))
+        if self.score is None:
+            object.__setattr__(self, "score", default_score())
+        elif not isinstance(self.score, OpChain):
+            raise PatternError(
+                f"Dynamic(score=...) must be an op chain built from sas.ops (e.g. "
+                f"ops.attn_score().sum(dim=1)), got {type(self.score).__name__}"
+            )
+        if not isinstance(self.refresh, bool):
+            raise PatternError(f"Dynamic(refresh=...) must be True or False, got {self.refresh!r}")
+
+    def evaluate(self, i, j):
+        return np.ones(np.broadcast_shapes(np.shape(i), np.shape(j)), dtype=bool)
+
+    def predicate(self, i, j):
+        return ast.Constant(True)
+
+    def extent(self):
+        return None, None
+
+    def __repr__(self):
+        return f"Dynamic(budget={self.budget}, score={self.score!r}, refresh={self.refresh})"
