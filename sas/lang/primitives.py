@@ -176,7 +176,9 @@ class Rect(Pattern):
         parts: list[ast.expr] = []
         if lo:
             parts.append(_cmp(x, ast.GtE(), _const(lo)))
-        if hi is not None:
+        wrapped = (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod)
+                   and isinstance(x.right, ast.Constant) and x.right.value <= (hi or 0))
+        if hi is not None and not wrapped:   # `x % m < hi` always holds when m <= hi
             parts.append(_cmp(x, ast.Lt(), _const(hi)))
         if stride > 1:
             parts.append(_cmp(ast.BinOp(_sub(x, lo or 0), ast.Mod(), _const(stride)), ast.Eq(), _const(offset)))

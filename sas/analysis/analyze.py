@@ -1,0 +1,148 @@
+"""`analyze(pattern, max_len)`: the static KV-cache analysis of paper section 5."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
+from sas.analysis.events import CacheEvent, derive_events
+from sas.analysis.functions import compile_functions, synthesize
+from sas.analysis.groups import Group, decompose
+from sas.analysis.liveness import cache_size as _cache_size
+from sas.analysis.slots import Scheme, TableScheme, cache_ids, choose_scheme, greedy_table
+from sas.errors import AnalysisError
+from sas.ir.periodicity import Structure, structure
+from sas.lang.pattern import Pattern
+
+#: Largest length analysed by the per-token fallback (patterns without a known period).
+TABLE_LIMIT = 1 << 15
+
+
+@dataclass(frozen=True, eq=False)
+class Analysis:
+    pattern: Pattern
+    max_len: int
+    cache_size: int
+    peak_query: int
+    structure: Structure
+    groups: tuple[Group, ...]
+    events: tuple[CacheEvent, ...]
+    functions: ast.Module
+    tables: dict[str, tuple[int, ...]]
+    scheme: str
+    closed_form: bool
+    notes: tuple[str, ...]
+    cache_id_func: Callable[[int], int] = field(repr=False)
+    slot_key_func: Callable[[int, int], int] = field(repr=False)
+    mask_func: Callable[[int, int], bool] = field(repr=False)
+    _scheme: Scheme = field(repr=False)
+    _columns: ColumnShapes | None = field(repr=False)
+
+    @property
+    def source(self) -> str:
+        return ast.unparse(self.functions)
+
+    def function_ast(self, name: str) -> ast.FunctionDef:
+        for node in self.functions.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return node
+        raise KeyError(name)
+
+    def cache_ids(self, n: int | None = None) -> np.ndarray:
+        """cache_id_func for tokens 0..n-1, computed in bulk."""
+        return cache_ids(self._scheme, min(n or self.max_len, self.max_len))
+
+    def last_use(self, j: np.ndarray) -> np.ndarray:
+        if self._columns is None:
+            raise AnalysisError("last_use is only available for periodic patterns")
+        return self._columns.last_use(np.asarray(j), self.max_len)
+
+    def report(self) -> dict[str, Any]:
+        s = self.structure
+        return {
+            "pattern": repr(self.pattern),
+            "max_len": self.max_len,
+            "cache_size": self.cache_size,
+            "dense_cache_size": self.max_len,
+            "peak_query": self.peak_query,
+            "scheme": self.scheme,
+            "closed_form": self.closed_form,
+            "structure": {"periodic": s.periodic, "period": s.P, "boundary": s.T,
+                          "vertical_period": s.Qv, "vertical_from": s.Dv},
+            "groups": [g.describe() for g in self.groups],
+            "events": [e.describe() for e in self.events],
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+
+def _check_len(max_len: Any) -> int:
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len <= 0:
+        raise AnalysisError(f"max_len must be a positive integer, got {max_len!r}")
+    return int(max_len)
+
+
+def _brute_last_use(pattern: Pattern, n: int) -> np.ndarray:
+    m = pattern.to_mask(n)
+    used = m.any(axis=0)
+    last = n - 1 - np.argmax(m[::-1], axis=0)
+    return np.where(used, last, -1)
+
+
+def analyze(pattern: Pattern, max_len: int) -> Analysis:
+    """Minimal KV cache, decomposition, events and synthesized functions for decoding.
+
+    Decoding needs a causal pattern; a pattern that attends a key after its query raises
+    `AnalysisError` (multiply it by `Causal()`).
+    """
+    if not isinstance(pattern, Pattern):
+        raise AnalysisError(f"analyze: pattern must be a sas Pattern, got {type(pattern).__name__}")
+    n = _check_len(max_len)
+    st = structure(pattern)
+    notes: list[str] = []
+    cols: ColumnShapes | None = None
+    if st.periodic:
+        bad = upper_triangle_clear(pattern, st)
+        if bad is not None:
+            raise AnalysisError(
+                f"analyze: pattern {pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
+                f"decode analysis needs j <= i everywhere: multiply it by Causal()")
+        cols = column_shapes(pattern, st)
+        size, peak = _cache_size(cols, n)
+        scheme = choose_scheme(cols, size, n) if size > 0 else None
+        if scheme is None and size > 0:
+            if n > TABLE_LIMIT:
+                raise AnalysisError(
+                    f"analyze: no closed-form slot scheme fits {pattern!r} with {size} slots, and the "
+                    f"per-token table fallback is limited to max_len <= {TABLE_LIMIT} (got {n})")
+            scheme = greedy_table(cols.last_use(np.arange(n), n))
+            notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
+        events = derive_events(cols)
+    else:
+        if n > TABLE_LIMIT:
+            raise AnalysisError(
+                f"analyze: {pattern!r} has no length-independent periodic description (a spread with a "
+                f"non-square unit over a diagonal layout); the per-token fallback is limited to "
+                f"max_len <= {TABLE_LIMIT}, got {n}")
+        m = pattern.to_mask(n)
+        if np.triu(m, 1).any():
+            i, j = np.argwhere(np.triu(m, 1))[0]
+            raise AnalysisError(
+                f"analyze: pattern {pattern!r} is not causal (query {i} attends key {j}); multiply it by Causal()")
+        L = _brute_last_use(pattern, n)
+        scheme = greedy_table(L)
+        size, peak = scheme.C, 0
+        notes.append("pattern has no known period: analysed per token and cache_id_func uses a table")
+        events = ()
+    if size <= 0:
+        raise AnalysisError(f"analyze: pattern {pattern!r} attends no key within max_len={n}: it is empty")
+    groups = decompose(pattern, cols, n) if cols is not None else ()
+    mod, tables = synthesize(pattern, scheme, n)
+    fns = compile_functions(mod)
+    return Analysis(pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
+                    not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
+                    fns["slot_key_func"], fns["mask_func"], scheme, cols)

@@ -1,0 +1,66 @@
+"""Token lifetimes and the minimal KV-cache size (paper 5.2), without scanning every token.
+
+live(i) = |{j <= i : L(j) >= i}| with L(j) the last query < N attending key j. In the steady
+state between the transient at the start and the drain at the end, live(i + P) = live(i) + f,
+with f the number of interior column classes attended forever; so the maximum over all i
+is reached in the first window or in the last one, and those are all we count.
+"""
+
+from __future__ import annotations
+
+from math import lcm
+
+import numpy as np
+
+from sas.analysis.columns import ColumnShapes
+
+
+def live_counts(cols: ColumnShapes, n: int, a: int, b: int) -> np.ndarray:
+    """live(i) for i in [a, b), exactly, touching O(window + period) keys."""
+    T, P, Q = cols.T, cols.P, cols.Q
+    K = int(cols.D.max()) + 2 * Q + P + 1
+    lo = max(0, a - K)
+    explicit = np.unique(np.concatenate([np.arange(min(T, lo)), np.arange(lo, b)])).astype(np.int64)
+    L = cols.last_use(explicit, n)
+    start = np.maximum(explicit, a)
+    stop = np.minimum(L, b - 1)
+    keep = stop >= start
+    diff = np.zeros(b - a + 1, dtype=np.int64)
+    np.add.at(diff, start[keep] - a, 1)
+    np.add.at(diff, stop[keep] - a + 1, -1)
+    live = np.cumsum(diff)[:-1]
+    if lo > T:
+        # Keys in [T, lo) are far behind the window: count them per residue of lcm(P, Q).
+        M = lcm(P, Q)
+        rho = np.arange(M, dtype=np.int64)
+        count = np.maximum(0, (lo - T - rho + M - 1) // M)
+        has = count > 0
+        rep = T + rho[has] + M * (count[has] - 1)
+        Lrep = cols.last_use(rep, n)
+        order = np.sort(Lrep)
+        cum = np.concatenate([[0], np.cumsum(count[has][np.argsort(Lrep)])])
+        # keys with L >= i: total - (# with L < i)
+        i = np.arange(a, b, dtype=np.int64)
+        below = np.searchsorted(order, i, side="left")
+        live = live + (cum[-1] - cum[below])
+    return live
+
+
+def windows(cols: ColumnShapes, n: int) -> list[tuple[int, int]]:
+    """The query windows that must be counted to find max_i live(i)."""
+    head = cols.T + int(cols.D.max()) + 2 * cols.Q + 2 * cols.P + 1
+    tail = int(cols.D.max()) + 2 * cols.Q + 2 * cols.P + 1
+    if head + tail >= n:
+        return [(0, n)]
+    return [(0, head), (n - tail, n)]
+
+
+def cache_size(cols: ColumnShapes, n: int) -> tuple[int, int]:
+    """(minimal cache size, a query position where it is reached)."""
+    best, where = -1, 0
+    for a, b in windows(cols, n):
+        live = live_counts(cols, n, a, b)
+        k = int(np.argmax(live))
+        if live[k] > best:
+            best, where = int(live[k]), a + k
+    return best, where

@@ -1,0 +1,148 @@
+"""Slot assignment: which cache slot each key is written to (interval-graph colouring).
+
+Key j occupies its slot from step j to its last use L(j). A slot scheme is valid when no
+key is overwritten before its last use; it is minimal when it uses `cache_size` slots.
+Closed-form schemes are tried first and verified exactly from the periodic column shapes
+(length-independent); when none fits, an optimal greedy colouring is stored as a table.
+
+- `ring`: all stored keys in one ring buffer over their ranks: slot = rank(j) % C.
+- `prefix+ring`: keys attended until the end of the sequence (sinks, summary columns) get
+  a fixed prefix slot each; every other key goes to a ring of the remaining slots.
+- `table`: greedy colouring by start time (optimal for interval graphs), one entry per token.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from sas.analysis.columns import ColumnShapes
+from sas.analysis.keysets import KeySet
+
+
+@dataclass(frozen=True)
+class RingScheme:
+    keys: KeySet
+    C: int
+    name: str = "ring"
+
+
+@dataclass(frozen=True)
+class PrefixRingScheme:
+    prefix: KeySet        # keys that keep a slot to the end
+    F: int                # number of prefix slots (prefix keys < N)
+    ring: KeySet
+    R: int                # ring slots
+    name: str = "prefix+ring"
+
+
+@dataclass(frozen=True, eq=False)
+class TableScheme:
+    cache_id: np.ndarray  # per token, -1 when never stored
+    C: int
+    name: str = "table"
+
+
+Scheme = RingScheme | PrefixRingScheme | TableScheme
+
+
+def keyset(cols: ColumnShapes, select: np.ndarray) -> KeySet:
+    """Keys whose column shape is selected (per shape flags, boundary first)."""
+    T, P = cols.T, cols.P
+    member = np.asarray(select[T:], dtype=bool)
+    # Use the smallest period of the membership itself: a ring over "every 4th key" should
+    # read (j // 4), not a table over the pattern's full period.
+    for p in range(1, P + 1):
+        if P % p == 0 and np.array_equal(member, np.tile(member[:p], P // p)):
+            P, member = p, member[:p]
+            break
+    return KeySet(T, P, tuple(int(j) for j in np.flatnonzero(select[:T])),
+                  tuple(int(r) for r in np.flatnonzero(member)))
+
+
+def _ring_ok(cols: ColumnShapes, keys: KeySet, C: int, n: int) -> bool:
+    """Exact check that slot = rank % C never overwrites a key before its last use."""
+    if keys.empty:
+        return True
+    if C <= 0:
+        return False
+    forever = cols.forever
+    # Boundary keys one by one.
+    if keys.boundary:
+        j = np.array(keys.boundary, dtype=np.int64)
+        j = j[j < n]
+        nxt = keys.unrank(keys.rank(j) + C)
+        live = cols.last_use(j, n)
+        if np.any((nxt < n) & (live >= nxt)):
+            return False
+    # Interior classes: the successor distance depends on the class only.
+    for r in range(cols.P):
+        j0 = cols.T + r
+        if j0 >= n or not keys.contains(np.array([j0]))[0]:
+            continue
+        delta = int(keys.unrank(keys.rank(np.array([j0])) + C)[0]) - j0
+        shape = cols.T + r
+        if not forever[shape]:
+            if cols.last_finite[shape] >= delta:
+                return False
+            continue
+        # Attended forever: only keys whose successor arrives near the end can survive.
+        if j0 + delta < n - cols.Q - int(cols.D[shape]):
+            return False
+        j = np.arange(j0, max(j0, n - delta), cols.P, dtype=np.int64)
+        if j.size and np.any(cols.last_use(j, n) >= j + delta):
+            return False
+    return True
+
+
+def _count_below(keys: KeySet, n: int) -> int:
+    return int(keys.count_upto(np.array([n - 1]))[0])
+
+
+def choose_scheme(cols: ColumnShapes, C: int, n: int) -> Scheme | None:
+    """The first closed-form scheme that is valid with C slots, or None."""
+    stored = cols.ever_used
+    everything = keyset(cols, stored)
+    if _ring_ok(cols, everything, C, n):
+        return RingScheme(everything, C)
+    prefix = keyset(cols, stored & cols.forever)
+    ring = keyset(cols, stored & ~cols.forever)
+    F = _count_below(prefix, n)
+    R = C - F
+    if F <= C and (ring.empty or R > 0) and _ring_ok(cols, ring, R, n):
+        return PrefixRingScheme(prefix, F, ring, max(R, 0))
+    return None
+
+
+def greedy_table(last_use: np.ndarray) -> TableScheme:
+    """Optimal interval colouring by start time; last_use[j] = -1 for keys never used."""
+    n = len(last_use)
+    slot = np.full(n, -1, dtype=np.int64)
+    busy: list[tuple[int, int]] = []   # (last use, slot)
+    free: list[int] = []
+    size = 0
+    for j in range(n):
+        while busy and busy[0][0] < j:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if last_use[j] < j:
+            continue
+        s = heapq.heappop(free) if free else size
+        size = max(size, s + 1)
+        slot[j] = s
+        heapq.heappush(busy, (int(last_use[j]), s))
+    return TableScheme(slot, size)
+
+
+def cache_ids(scheme: Scheme, n: int) -> np.ndarray:
+    """Numeric cache_id for tokens 0..n-1 (used for verification and plots)."""
+    j = np.arange(n, dtype=np.int64)
+    if isinstance(scheme, TableScheme):
+        return scheme.cache_id[:n]
+    if isinstance(scheme, RingScheme):
+        return np.where(scheme.keys.contains(j), scheme.keys.rank(j) % max(scheme.C, 1), -1)
+    pre = scheme.prefix.contains(j)
+    ring = scheme.ring.contains(j)
+    return np.where(pre, scheme.prefix.rank(j),
+                    np.where(ring, scheme.F + scheme.ring.rank(j) % max(scheme.R, 1), -1))

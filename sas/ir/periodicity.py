@@ -1,0 +1,104 @@
+"""Length-independent periodic structure of a pattern (paper 5.3, equation 3).
+
+Every primitive is a family of cells invariant under translations, away from finitely many
+boundary lines. `structure(pattern)` derives, from the tree alone, numbers that bound that
+behaviour; the analyzer evaluates the exact oracle only inside the small window they define
+and maps the answers to any length.
+
+Guarantees of `Structure` for the pattern's mask M on the quadrant i, j >= 0:
+
+- diagonal: `M(i + P, j + P) == M(i, j)` whenever `i >= T` and `j >= T`;
+- vertical: `M(i + Qv, j) == M(i, j)` whenever `i >= T` and `i - j >= Dv`;
+- horizontal: `M(i, j + Qh) == M(i, j)` whenever `j >= T` and `j - i >= Dh`.
+
+`row_period` / `col_period` (optional) give full invariance under (R, 0) for `i >= T` and
+(0, C) for `j >= T`, used to handle spreads whose unit is not square.
+`periodic` is False when no such description is known (then the analyzer falls back to a
+per-token table and says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from math import lcm
+
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Diag, Dynamic, Rect
+
+
+@dataclass(frozen=True)
+class Structure:
+    periodic: bool
+    P: int = 1
+    T: int = 0
+    Qv: int = 1
+    Dv: int = 0
+    Qh: int = 1
+    Dh: int = 0
+    row_period: int | None = None
+    col_period: int | None = None
+
+    @property
+    def window(self) -> int:
+        """A length past which every query row is in the steady state."""
+        return self.T + self.Dv + 2 * self.Qv + self.P
+
+
+NON_PERIODIC = Structure(periodic=False)
+
+
+def _merge(a: Structure, b: Structure) -> Structure:
+    if not (a.periodic and b.periodic):
+        return NON_PERIODIC
+    rp = lcm(a.row_period, b.row_period) if a.row_period and b.row_period else None
+    cp = lcm(a.col_period, b.col_period) if a.col_period and b.col_period else None
+    return Structure(True, lcm(a.P, b.P), max(a.T, b.T), lcm(a.Qv, b.Qv), max(a.Dv, b.Dv),
+                     lcm(a.Qh, b.Qh), max(a.Dh, b.Dh), rp, cp)
+
+
+def _finite(*xs: int | None) -> int:
+    return max([x for x in xs if x is not None] + [0])
+
+
+@lru_cache(maxsize=4096)
+def structure(p: Pattern) -> Structure:
+    """Derive the periodic structure of `p` from its tree (never from its mask)."""
+    if isinstance(p, Diag):
+        o, s, st = p.offset, p.size, p.stride
+        if s is None:
+            qv, dv = st, max(0, o)
+        else:
+            qv, dv = 1, max(0, o + s)
+        return Structure(True, 1, 0, qv, dv, 1, max(0, 1 - o))
+    if isinstance(p, Rect):
+        (r0, r1), (c0, c1) = p.rows, p.cols
+        sr, sc = p.stride
+        t = _finite(r0, r1, c0, c1)
+        return Structure(True, lcm(sr, sc), t, sr, 0, sc, 0, sr, sc)
+    if isinstance(p, Dynamic):
+        return Structure(True, 1, 0, 1, 0, 1, 0, 1, 1)
+    if isinstance(p, (Or, And)):
+        return _merge(structure(p.a), structure(p.b))
+    if isinstance(p, Not):
+        return structure(p.a)
+    if isinstance(p, Spread):
+        b = structure(p.layout)
+        if not b.periodic:
+            return NON_PERIODIC
+        h, w = p.shape
+        rp = b.row_period * h if b.row_period else None
+        cp = b.col_period * w if b.col_period else None
+        if h == w:
+            return Structure(True, b.P * h, b.T * h, b.Qv * h, b.Dv * h + h - 1,
+                             b.Qh * h, b.Dh * h + h - 1, rp, cp)
+        if rp and cp:
+            # Fully periodic layout: invariant under (rp, 0) and (0, cp) beyond the boundary.
+            t = max(b.T * h, b.T * w)
+            return Structure(True, lcm(rp, cp), t, rp, 0, cp, 0, rp, cp)
+        return NON_PERIODIC
+    raise TypeError(f"unknown pattern node {type(p).__name__}")
+
+
+def with_threshold(s: Structure, t: int) -> Structure:
+    return replace(s, T=max(s.T, t))
