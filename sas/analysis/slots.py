@@ -84,8 +84,11 @@ def _ring_ok(cols: ColumnShapes, keys: KeySet, C: int, n: int) -> bool:
             continue
         delta = int(keys.unrank(keys.rank(np.array([j0])) + C)[0]) - j0
         shape = cols.T + r
+        if j0 + delta >= n:
+            continue
         if not forever[shape]:
-            if cols.last_finite[shape] >= delta:
+            # The class's first key lives longest (its column is cut last by the end).
+            if cols.last_d(np.array([shape]), np.array([n - 1 - j0]))[0] >= delta:
                 return False
             continue
         # Attended forever: only keys whose successor arrives near the end can survive.
