@@ -201,3 +201,31 @@ def test_report_is_json_serializable():
     assert rep["cache_size"] == 1056 and rep["closed_form"] is True
     assert "def cache_id_func" in rep["source"] and "def mask_func" in rep["source"]
     assert rep["events"] and rep["groups"]
+
+
+def _trace_matches_functions(a, n):
+    from sas.analysis.events import ACTIVE, EMPTY, simulate
+
+    trace = simulate(a.events, a.cache_ids(n), n, 0, n, a.cache_size)
+    for i in range(n):
+        for s in range(a.cache_size):
+            active = bool(a.mask_func(s, i))
+            assert (trace[s, i] == ACTIVE) == active, (s, i, trace[s, i], active)
+            if a.slot_key_func(s, i) < 0:
+                assert trace[s, i] == EMPTY
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_event_simulation_trace_equals_mask_func(name):
+    p = scaled_table1()[name]
+    _trace_matches_functions(analyze(p, 72), 72)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(causal_patterns(max_depth=3), st.integers(1, 40))
+def test_random_event_simulation_trace(p, n):
+    if not p.to_mask(n).any():
+        return
+    a = analyze(p, n)
+    if a.events:
+        _trace_matches_functions(a, n)
