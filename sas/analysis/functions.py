@@ -57,13 +57,13 @@ def _closed_form(scheme: Scheme, n: int) -> tuple[list[ast.stmt], list[ast.stmt]
     in_range = all_of(j.ge(0), j.lt(n))
     if isinstance(scheme, RingScheme):
         keys, C = scheme.keys, scheme.C
-        cid = where(in_range & keys.contains_expr(j), keys.rank_expr(j) % C, -1)
+        cid = where(in_range & keys.contains_expr(j), keys.rank_mod_expr(j, C), -1)
         body = _ring_rank(keys, C, s, i)
         body.append(_ret(where(all_of(s.ge(0), s.lt(C), i.ge(0), rho.ge(0)), keys.unrank_expr(rho), -1)))
         return [_ret(cid)], body
     assert isinstance(scheme, PrefixRingScheme)
     pre, F, ring, R = scheme.prefix, scheme.F, scheme.ring, scheme.R
-    ring_id = where(ring.contains_expr(j), F + ring.rank_expr(j) % R, -1) if not ring.empty else E(-1)
+    ring_id = where(ring.contains_expr(j), F + ring.rank_mod_expr(j, R), -1) if not ring.empty else E(-1)
     cid = where(in_range, where(pre.contains_expr(j), pre.rank_expr(j), ring_id) if not pre.empty else ring_id, -1)
     prefix_key = pre.unrank_expr(s) if not pre.empty else E(-1)
     body: list[ast.stmt] = []

@@ -96,6 +96,13 @@ class KeySet:
             return inner
         return where(j.lt(self.T), _boundary_index(self.boundary, self.T, j), inner)
 
+    def rank_mod_expr(self, j: E, C: int) -> E:
+        """`rank(j) % C`, written without the rank when C is a whole number of periods."""
+        if self.classes and not self.boundary and C % self.k == 0:
+            r = j - self.T
+            return ((r // self.P) % (C // self.k)) * self.k + _class_index(self.classes, self.P, r % self.P)
+        return self.rank_expr(j) % C
+
     def unrank_expr(self, rho: E) -> E:
         r = rho - self.nb
         inner = E(self.T) + (r // self.k) * self.P + lookup(self.classes, r % self.k) if self.classes else E(-1)
