@@ -48,6 +48,28 @@ class Pattern:
     def __rshift__(self, other: "Pattern") -> "Pattern":
         return Spread(self, _check_operand(other, ">>"))
 
+    # A non-pattern on the left (`1 + p`, `mask * p`) lands here: report it as a PatternError
+    # instead of Python's bare TypeError.
+    def __radd__(self, other: object) -> "Pattern":
+        raise _left_operand_error(other, "+")
+
+    def __rmul__(self, other: object) -> "Pattern":
+        raise _left_operand_error(other, "*")
+
+    def __rrshift__(self, other: object) -> "Pattern":
+        raise _left_operand_error(other, ">>")
+
+    # FlexAttention habits: `|`, `&` are not the pattern operators; say which ones are.
+    def __or__(self, other: object) -> "Pattern":
+        raise PatternError("operator '|' is not a pattern operator: use '+' for OR (a + b)")
+
+    __ror__ = __or__
+
+    def __and__(self, other: object) -> "Pattern":
+        raise PatternError("operator '&' is not a pattern operator: use '*' for AND (a * b)")
+
+    __rand__ = __and__
+
     # --- semantics -------------------------------------------------------------------------
     def evaluate(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         """Exact membership of (i, j) for broadcastable int64 arrays of non-negative indices."""
@@ -94,6 +116,24 @@ def _check_operand(other: object, op: str) -> Pattern:
     return other
 
 
+def _left_operand_error(other: object, op: str) -> PatternError:
+    return PatternError(
+        f"operator {op!r}: left operand must be a sas pattern (Rect, Diag, Dynamic, ...), "
+        f"got {type(other).__name__}"
+    )
+
+
+def _check_fields(node: Pattern, *names: str) -> None:
+    """Operator nodes built directly (Or(a, b), Spread(u, l), ...) get the operators' check."""
+    for name in names:
+        value = getattr(node, name)
+        if not isinstance(value, Pattern):
+            raise PatternError(
+                f"{type(node).__name__}({name}=...) must be a sas pattern (Rect, Diag, Dynamic, ...), "
+                f"got {type(value).__name__}"
+            )
+
+
 def _min_bound(a: int | None, b: int | None) -> int | None:
     if a is None:
         return b
@@ -114,6 +154,9 @@ class Or(Pattern):
 
     a: Pattern
     b: Pattern
+
+    def __post_init__(self):
+        _check_fields(self, "a", "b")
 
     def evaluate(self, i, j):
         return self.a.evaluate(i, j) | self.b.evaluate(i, j)
@@ -142,6 +185,9 @@ class And(Pattern):
     a: Pattern
     b: Pattern
 
+    def __post_init__(self):
+        _check_fields(self, "a", "b")
+
     def evaluate(self, i, j):
         return self.a.evaluate(i, j) & self.b.evaluate(i, j)
 
@@ -164,6 +210,9 @@ class Not(Pattern):
     """`~a` (the paper's `!a`): a cell is on when it is off in `a`."""
 
     a: Pattern
+
+    def __post_init__(self):
+        _check_fields(self, "a")
 
     def evaluate(self, i, j):
         return ~self.a.evaluate(i, j)
@@ -193,6 +242,7 @@ class Spread(Pattern):
     layout: Pattern
 
     def __post_init__(self):
+        _check_fields(self, "unit", "layout")
         h, w = self.unit.extent()
         if h is None or w is None:
             raise PatternError(
