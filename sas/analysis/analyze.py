@@ -138,6 +138,11 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         size, peak = scheme.C, 0
         notes.append("pattern has no known period: analysed per token and cache_id_func uses a table")
         events = ()
+    dyn = pattern.dynamics()
+    if dyn:
+        notes.append(
+            f"{len(dyn)} Dynamic component(s) analysed as the region they cover; their run-time key "
+            f"selection (budget {', '.join(str(d.budget) for d in dyn)}) is handled by sas.dynamic")
     if size <= 0:
         raise AnalysisError(f"analyze: pattern {pattern!r} attends no key within max_len={n}: it is empty")
     groups = decompose(pattern, cols, n) if cols is not None else ()
