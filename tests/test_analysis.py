@@ -229,3 +229,16 @@ def test_random_event_simulation_trace(p, n):
     a = analyze(p, n)
     if a.events:
         _trace_matches_functions(a, n)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_text_and_python_front_ends_give_identical_analysis(name):
+    from sas.lang.loader import load_pattern
+
+    py = load_pattern(EXAMPLES / f"{name}.py")
+    text = load_pattern(EXAMPLES / f"{name}.sas")
+    for n in (1000, 16384):
+        a, b = analyze(py, n), analyze(text, n)
+        assert (a.cache_size, a.scheme, a.source) == (b.cache_size, b.scheme, b.source)
+        assert [e.describe() for e in a.events] == [e.describe() for e in b.events]
+        assert [g.describe() for g in a.groups] == [g.describe() for g in b.groups]
