@@ -1,0 +1,14 @@
+"""Code generation: lowering of pattern predicates and synthesized cache functions to backend
+expressions, and template rendering (templates/<backend>/)."""
+
+from sas.codegen.lower_triton import check_identifier, lower_expr, lower_function, lower_predicate
+
+__all__ = ["check_identifier", "lower_expr", "lower_function", "lower_predicate", "compile_pattern"]
+
+
+def __getattr__(name: str):
+    if name == "compile_pattern":
+        from sas.codegen.compile import compile_pattern
+
+        return compile_pattern
+    raise AttributeError(name)

@@ -1,0 +1,384 @@
+"""The Triton backend: renders the kernel templates in templates/triton/ with lowered pattern
+and cache functions, and loads the result as Python modules (cached in memory and on disk).
+
+Templates hold the kernel text; this module holds the decisions (tile sizes, warps, stages,
+what gets inlined). A rendered module imports only torch and triton and can be used on its
+own (see `prefill(...)` / `decode(...)` in the generated files).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from sas.codegen.lower_triton import (
+    LoweredFunction,
+    check_identifier,
+    find_function,
+    lower_expr,
+    lower_function,
+    lower_predicate,
+    table_refs,
+)
+from sas.errors import KernelError, NotYetSupportedError, SASError
+
+#: Bumped whenever a template's meaning changes (part of every cache key).
+TEMPLATE_VERSION = "1"
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    """Tile shape and launch configuration of the prefill kernel (H100 defaults; see
+    `auto_prefill_options` for the per-pattern choice)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise KernelError(f"PrefillOptions.{name} must be a power of two >= 16, got {v!r}")
+        _check_launch(self.num_warps, self.num_stages, "PrefillOptions")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Slot-block size and launch configuration of the split-K decode kernel."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    #: programs per SM the split count aims for
+    waves: int = 2
+    #: use tl.dot (query rows padded to 16) also when each kv head serves one query head
+    mha_dot: bool = False
+    #: skip slot blocks with no attended slot: "none", "mask" (each program tests the block's
+    #: mask: a branch, which costs software pipelining) or "flags" (a small kernel marks the
+    #: attended blocks once per step); None: decided from the pattern (`decode_skip_mode`)
+    skip_mode: str | None = None
+    #: merge the splits in the last program to finish (atomic ticket) instead of a second
+    #: kernel; measured slower on H100, so off by default
+    fused_combine: bool = False
+
+    def __post_init__(self):
+        if self.skip_mode not in (None, "none", "mask", "flags"):
+            raise KernelError(f"DecodeOptions.skip_mode must be None, 'none', 'mask' or 'flags', "
+                              f"got {self.skip_mode!r}")
+        if not isinstance(self.waves, int) or self.waves < 1:
+            raise KernelError(f"DecodeOptions.waves must be a positive integer, got {self.waves!r}")
+        v = self.block_n
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise KernelError(f"DecodeOptions.block_n must be a power of two >= 16, got {v!r}")
+        _check_launch(self.num_warps, self.num_stages, "DecodeOptions")
+
+
+def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> PrefillOptions:
+    """The prefill configuration for this pattern and length (a decision fitted to H100
+    measurements of the six Table-1 patterns at 16K, bf16, head dim 128):
+
+    64 x 64 tiles, 4 warps, 3 stages; 64 x 32 tiles when they compute at least 10% fewer
+    cells (narrow column structure, e.g. 32 summary columns per block) or when query blocks
+    have few tiles (< 8 on average: short loops run better with the lighter tile).
+    """
+    from sas.ir.tiles import tile_map
+
+    k_len = q_len if k_len is None else k_len
+    wide = tile_map(pattern, q_len, k_len, 64, 64)
+    narrow = tile_map(pattern, q_len, k_len, 64, 32)
+    cells_wide = (wide.num_full + wide.num_partial) * 64 * 64
+    cells_narrow = (narrow.num_full + narrow.num_partial) * 64 * 32
+    per_block = (wide.num_full + wide.num_partial) / max(1, wide.num_q_blocks)
+    if cells_narrow < 0.9 * cells_wide or per_block < 8:
+        return PrefillOptions(64, 32, 4, 3)
+    return PrefillOptions(64, 64, 4, 3)
+
+
+def _check_launch(num_warps: Any, num_stages: Any, who: str) -> None:
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise KernelError(f"{who}.num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+    if not isinstance(num_stages, int) or not 1 <= num_stages <= 8:
+        raise KernelError(f"{who}.num_stages must be an integer in 1..8, got {num_stages!r}")
+
+
+# --- templates -------------------------------------------------------------------------------
+
+
+def template_dir() -> Path:
+    env = os.environ.get("SAS_TEMPLATE_DIR")
+    if env:
+        return Path(env) / "triton"
+    return Path(__file__).resolve().parents[2] / "templates" / "triton"
+
+
+@lru_cache(maxsize=None)
+def _environment(path: str):
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(path),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _render(template: str, **context: Any) -> str:
+    path = template_dir()
+    if not (path / template).is_file():
+        raise KernelError(f"kernel template {template!r} not found in {path} (set SAS_TEMPLATE_DIR "
+                          f"to the folder holding triton/{template})")
+    source = _environment(str(path)).get_template(template).render(**context)
+    try:
+        compile(source, template, "exec")
+    except SyntaxError as e:  # a template bug, never user input: say where
+        raise KernelError(f"rendered {template} is not valid Python (line {e.lineno}): {e.msg}") from None
+    return source
+
+
+def _digest(*parts: Any) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def pattern_key(pattern) -> str:
+    """A stable hash of the pattern tree (its repr is canonical and holds every parameter)."""
+    return _digest("pattern", repr(pattern))[:16]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def render_prefill(pattern, options: PrefillOptions = PrefillOptions()) -> str:
+    """Source of the standalone prefill module for `pattern`."""
+    if pattern.dynamics():
+        raise NotYetSupportedError(
+            "Dynamic components cannot be compiled yet: dynamic run-time selection is a "
+            "separate issue; use a static pattern for now"
+        )
+    key = _digest(pattern_key(pattern), asdict(options), TEMPLATE_VERSION)[:12]
+    predicate = lower_predicate(pattern, "qi", "kj")
+    torch_predicate = lower_predicate(pattern, "i", "j", dialect="torch")
+    src = pattern.predicate_source()
+    return _render(
+        "prefill.py.jinja",
+        kernel_name=check_identifier(f"sas_prefill_{key}", "kernel name"),
+        pattern_repr=_one_line(repr(pattern)),
+        pattern_literal=repr(repr(pattern)),
+        predicate_source=_one_line(src),
+        predicate_literal=repr(src),
+        predicate=predicate,
+        torch_predicate=torch_predicate,
+        block_m=options.block_m,
+        block_n=options.block_n,
+        num_warps=options.num_warps,
+        num_stages=options.num_stages,
+    )
+
+
+def _function_defs_source(functions: ast.Module) -> str:
+    defs = [s for s in functions.body if isinstance(s, ast.FunctionDef)]
+    return "\n\n".join(ast.unparse(d) for d in defs)
+
+
+def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
+    """Source of the standalone decode module for an `Analysis` (docs/architecture.md)."""
+    functions = analysis.functions
+    refs = table_refs(dict(analysis.tables))
+    cache_id = find_function(functions, "cache_id_func")
+    mask = find_function(functions, "mask_func")
+    cache_id_fn = lower_function(cache_id, ["pos"], refs, module=functions, prefix="cid_")
+    try:
+        mask_fn = lower_function(mask, ["slot", "pos"], refs, boolean=True, module=functions, prefix="msk_")
+        held_keys = False
+    except NotYetSupportedError:
+        # mask_func is not a lowerable expression (e.g. a table search): the kernel reads the
+        # key each slot holds from an array the caller passes (`slot_keys`) and applies the
+        # pattern's own predicate to it, which is what mask_func computes.
+        pred = analysis.pattern.predicate(ast.Name("pos", ast.Load()), ast.Name("key", ast.Load()))
+        mask_fn = LoweredFunction((), lower_expr(pred, {"pos": "pos", "key": "key"}, boolean=True))
+        held_keys = True
+    torch_cache_id_fn = lower_function(cache_id, ["pos"], refs, module=functions, prefix="cid_",
+                                       dialect="torch")
+    defs = _function_defs_source(functions)
+    key = _digest(pattern_key(analysis.pattern), analysis.max_len, analysis.cache_size,
+                  ast.unparse(functions), asdict(options), TEMPLATE_VERSION)[:12]
+    tables = [
+        {"arg": ref.arg, "name_literal": repr(name), "values_literal": repr(tuple(ref.values))}
+        for name, ref in refs.items()
+    ]
+    return _render(
+        "decode.py.jinja",
+        split_kernel=check_identifier(f"sas_decode_{key}", "kernel name"),
+        flags_kernel=check_identifier(f"sas_decode_flags_{key}", "kernel name"),
+        combine_kernel=check_identifier(f"sas_decode_combine_{key}", "kernel name"),
+        pattern_repr=_one_line(repr(analysis.pattern)),
+        pattern_literal=repr(repr(analysis.pattern)),
+        cache_size=int(analysis.cache_size),
+        max_len=int(analysis.max_len),
+        scheme=_one_line(str(getattr(analysis, "scheme", "?"))),
+        functions_comment=[("    " + line).rstrip() for line in defs.splitlines()],
+        functions_literal=repr(defs),
+        tables=tables,
+        cache_id_lines=cache_id_fn.lines,
+        cache_id_expr=cache_id_fn.expr,
+        torch_cache_id_lines=torch_cache_id_fn.lines,
+        torch_cache_id_expr=torch_cache_id_fn.expr,
+        held_keys=held_keys,
+        mask_lines=mask_fn.lines,
+        mask_expr=mask_fn.expr,
+        block_n=options.block_n,
+        num_warps=options.num_warps,
+        num_stages=options.num_stages,
+        waves=options.waves,
+        mha_dot=bool(options.mha_dot),
+        skip_mode=options.skip_mode if options.skip_mode is not None else decode_skip_mode(analysis, options.block_n),
+        fused_combine=bool(options.fused_combine),
+    )
+
+
+def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
+    """The decode configuration (a decision fitted to H100 measurements of the six Table-1
+    patterns at 2K-16K, bf16, head dim 128, 64 heads batch 1 and 32/8 heads batch 16):
+    64-slot blocks, 4 warps, 2 stages, splits for about 2 programs per SM, separate combine
+    kernel; 32-slot blocks when each kv head serves one query head and the cache is not a
+    multiple of 64 slots (a ragged last block then costs a whole iteration)."""
+    C = int(analysis.cache_size)
+    if group == 1 and C > 128 and C % 64:
+        return DecodeOptions(block_n=32)
+    return DecodeOptions()
+
+
+def attended_fraction(analysis, positions: int = 8) -> float:
+    """Mean fraction of cache slots a query attends, over a few positions in the last quarter
+    of max_len (from the slot -> key map that cache_id_func implies and the pattern itself)."""
+    import numpy as np
+
+    n, C = int(analysis.max_len), int(analysis.cache_size)
+    if C <= 0:
+        return 0.0
+    cid = np.fromiter((analysis.cache_id_func(j) for j in range(n)), dtype=np.int64, count=n)
+    j = np.nonzero(cid >= 0)[0]
+    codes = np.sort(cid[j] * n + j)
+    slots = np.arange(C, dtype=np.int64)
+    fr = []
+    for p in np.unique(np.linspace(max(0, n - 1 - n // 4), n - 1, positions).astype(np.int64)):
+        idx = np.searchsorted(codes, slots * n + p, side="right") - 1
+        got = codes[np.maximum(idx, 0)]
+        held = np.where((idx >= 0) & (got // n == slots), got % n, -1)
+        on = (held >= 0) & np.asarray(analysis.pattern.evaluate(np.full(C, p), np.maximum(held, 0)), dtype=bool)
+        fr.append(on.mean())
+    return float(np.mean(fr))
+
+
+def decode_skip_mode(analysis, block_n: int = 64) -> str:
+    """Skip empty slot blocks when queries attend under half of the cache (e.g. a strided
+    pattern whose cache holds keys for later queries), through a per-step flags kernel when
+    the cache has many blocks; otherwise keep the loop branch-free so that loads pipeline."""
+    if attended_fraction(analysis) >= 0.5:
+        return "none"
+    return "flags" if -(-int(analysis.cache_size) // block_n) >= 16 else "mask"
+
+
+# --- loading and caching -----------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SAS_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sas" / "triton"
+
+
+_lock = threading.Lock()
+_modules: dict[tuple[str, str], ModuleType] = {}
+_rendered: dict[tuple, str] = {}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_source(source: str, stem: str, directory: Path | None = None) -> ModuleType:
+    """Import a rendered module. It is written to disk first (Triton reads kernel source from
+    the file); identical sources are loaded once per process and cache folder."""
+    check_identifier(stem, "module name")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"{stem}_{digest}"
+    directory = Path(directory) if directory is not None else cache_dir()
+    key = (str(directory.resolve()), name)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is not None:
+            return mod
+        path = directory / f"{name}.py"
+        try:
+            if not path.is_file() or path.read_text() != source:
+                write_atomic(path, source)
+        except OSError as e:
+            raise KernelError(f"cannot write the kernel cache under {directory}: {e} "
+                              f"(set SAS_CACHE_DIR to a writable folder)") from None
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except SASError:
+            raise
+        except Exception as e:  # pragma: no cover - a template bug
+            del sys.modules[name]
+            raise KernelError(f"loading generated kernel module {path} failed: {e}") from e
+        _modules[key] = mod
+        return mod
+
+
+def prefill_module(pattern, options: PrefillOptions = PrefillOptions(),
+                   directory: Path | None = None) -> ModuleType:
+    key = ("prefill", pattern_key(pattern), options, TEMPLATE_VERSION)
+    src = _rendered.get(key)
+    if src is None:
+        src = _rendered[key] = render_prefill(pattern, options)
+    return load_source(src, "sas_prefill", directory)
+
+
+def decode_module(analysis, options: DecodeOptions = DecodeOptions(),
+                  directory: Path | None = None) -> ModuleType:
+    key = ("decode", pattern_key(analysis.pattern), analysis.max_len, analysis.cache_size,
+           _digest(ast.unparse(analysis.functions)), options, TEMPLATE_VERSION)
+    src = _rendered.get(key)
+    if src is None:
+        src = _rendered[key] = render_decode(analysis, options)
+    return load_source(src, "sas_decode", directory)

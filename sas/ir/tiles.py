@@ -1,0 +1,318 @@
+"""Block-sparse tile maps for prefill: which BLOCK_M x BLOCK_N tiles of the attention matrix
+are empty, full or partial, in CSR form per query block.
+
+Classification is exact: a first pass reasons on index intervals per primitive for every tile
+at once (length-independent cost per tile, no cell evaluated), giving EMPTY / FULL / PARTIAL
+when that is certain and UNKNOWN otherwise (e.g. `a * b` of two partial tiles); a second pass
+evaluates the exact oracle `pattern.evaluate` on the UNKNOWN tiles only (vectorized, batched).
+So a tile called full has every in-bounds cell on, a tile called empty has none on, and every
+tile holding an on-cell is listed.
+
+Query rows may be a suffix of the keys: query row r is at absolute position `q_offset + r`.
+A tile whose key columns run past `k_len` is never called full (its loads need a bounds mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sas.errors import PatternError
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Diag, Dynamic, Rect
+
+EMPTY, FULL, PARTIAL, UNKNOWN = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, eq=False)
+class TileMap:
+    """CSR lists of the non-empty tiles of each query block.
+
+    `full_cols[full_rowptr[m]:full_rowptr[m + 1]]` are the key-block indices of the tiles of
+    query block m whose cells are all on (computed without a mask); `part_*` likewise for
+    tiles with some cells on (computed with the mask expression). Arrays are int32.
+    """
+
+    q_len: int
+    k_len: int
+    q_offset: int
+    block_m: int
+    block_n: int
+    full_rowptr: np.ndarray
+    full_cols: np.ndarray
+    part_rowptr: np.ndarray
+    part_cols: np.ndarray
+
+    @property
+    def num_q_blocks(self) -> int:
+        return len(self.full_rowptr) - 1
+
+    @property
+    def num_k_blocks(self) -> int:
+        return -(-self.k_len // self.block_n)
+
+    @property
+    def num_full(self) -> int:
+        return int(self.full_rowptr[-1])
+
+    @property
+    def num_partial(self) -> int:
+        return int(self.part_rowptr[-1])
+
+    @property
+    def num_empty(self) -> int:
+        return self.num_q_blocks * self.num_k_blocks - self.num_full - self.num_partial
+
+    def counts(self) -> dict[str, int]:
+        return {"full": self.num_full, "partial": self.num_partial, "empty": self.num_empty,
+                "total": self.num_q_blocks * self.num_k_blocks}
+
+    def block_order(self) -> np.ndarray:
+        """Query blocks, most tiles first (int32): launching heavy blocks first balances SMs."""
+        work = np.diff(self.full_rowptr) + np.diff(self.part_rowptr)
+        return np.argsort(-work, kind="stable").astype(np.int32)
+
+    def classes(self) -> np.ndarray:
+        """Dense [num_q_blocks, num_k_blocks] array of EMPTY / FULL / PARTIAL (for tests, plots)."""
+        out = np.full((self.num_q_blocks, self.num_k_blocks), EMPTY, dtype=np.int8)
+        for m in range(self.num_q_blocks):
+            out[m, self.full_cols[self.full_rowptr[m]:self.full_rowptr[m + 1]]] = FULL
+            out[m, self.part_cols[self.part_rowptr[m]:self.part_rowptr[m + 1]]] = PARTIAL
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Interval pass. Every function gets inclusive index ranges r0..r1 (rows) and c0..c1 (cols),
+# int64 arrays of one shape, and returns an int8 array of classes of the same shape.
+
+
+def _and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.full(a.shape, UNKNOWN, dtype=np.int8)
+    out = np.where(a == FULL, b, out)
+    out = np.where(b == FULL, a, out)
+    out = np.where((a == EMPTY) | (b == EMPTY), EMPTY, out)
+    return out.astype(np.int8)
+
+
+def _or(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.full(a.shape, UNKNOWN, dtype=np.int8)
+    out = np.where(a == EMPTY, b, out)
+    out = np.where(b == EMPTY, a, out)
+    out = np.where((a == FULL) | (b == FULL), FULL, out)
+    return out.astype(np.int8)
+
+
+def _not(a: np.ndarray) -> np.ndarray:
+    return np.where(a == FULL, EMPTY, np.where(a == EMPTY, FULL, a)).astype(np.int8)
+
+
+def _count_congruent(lo: np.ndarray, hi: np.ndarray, residue: int, mod: int) -> np.ndarray:
+    """How many x in [lo, hi] (inclusive; empty when hi < lo) have x % mod == residue % mod."""
+    if mod == 1:
+        return np.maximum(hi - lo + 1, 0)
+    r = residue % mod
+    # numbers <= x congruent to r: floor((x - r) / mod) + 1 (floor division handles x < r)
+    upto = lambda x: np.floor_divide(x - r, mod) + 1  # noqa: E731
+    return np.where(hi >= lo, upto(hi) - upto(lo - 1), 0)
+
+
+def _axis_count(lo: np.ndarray, hi: np.ndarray, rng, stride: int, offset: int) -> np.ndarray:
+    a, b = rng
+    lo2 = lo if a is None else np.maximum(lo, a)
+    hi2 = hi if b is None else np.minimum(hi, b - 1)
+    return _count_congruent(lo2, hi2, (a or 0) + offset, stride)
+
+
+def _classify(p: Pattern, r0, r1, c0, c1) -> np.ndarray:
+    if isinstance(p, Rect):
+        nr = _axis_count(r0, r1, p.rows, p.stride[0], p.offset[0])
+        nc = _axis_count(c0, c1, p.cols, p.stride[1], p.offset[1])
+        full = (nr == r1 - r0 + 1) & (nc == c1 - c0 + 1)
+        empty = (nr == 0) | (nc == 0)
+        return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
+    if isinstance(p, Diag):
+        # d = i - j - offset takes every integer value in [dlo, dhi] on a rectangle.
+        dlo = r0 - c1 - p.offset
+        dhi = r1 - c0 - p.offset
+        lo = np.maximum(dlo, 0)
+        hi = dhi if p.size is None else np.minimum(dhi, p.size - 1)
+        n = _count_congruent(lo, hi, 0, p.stride)
+        # Full when every value of d in the range is on; with stride > 1 that needs a single
+        # value, i.e. a single cell.
+        full = n == dhi - dlo + 1
+        return np.where(n == 0, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
+    if isinstance(p, Dynamic):
+        return np.full(np.shape(r0), FULL, dtype=np.int8)
+    if isinstance(p, And):
+        a = _classify(p.a, r0, r1, c0, c1)
+        if np.all(a == EMPTY):
+            return a
+        return _resolve_diagonal(p, _and(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
+    if isinstance(p, Or):
+        a = _classify(p.a, r0, r1, c0, c1)
+        if np.all(a == FULL):
+            return a
+        return _resolve_diagonal(p, _or(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
+    if isinstance(p, Not):
+        return _not(_classify(p.a, r0, r1, c0, c1))
+    if isinstance(p, Spread):
+        h, w = p.shape
+        layout = _classify(p.layout, r0 // h, r1 // h, c0 // w, c1 // w)
+        if np.all(layout == EMPTY):
+            return layout
+        # The unit sees the residues (i % h, j % w) of the tile's cells: on each axis one
+        # interval, or two when the tile wraps a block boundary, or the whole axis. Their
+        # product is exactly what the tile covers, so classifying the unit on it is exact.
+        (ra0, ra1), (rb0, rb1) = _residues(r0, r1, h)
+        (ca0, ca1), (cb0, cb1) = _residues(c0, c1, w)
+        pieces = [_classify(p.unit, x0, x1, y0, y1)
+                  for (x0, x1) in ((ra0, ra1), (rb0, rb1)) for (y0, y1) in ((ca0, ca1), (cb0, cb1))]
+        return _and(layout, _union(pieces))
+    raise PatternError(f"tile classification: unknown pattern node {type(p).__name__}")
+
+
+def _diagonal_only(p: Pattern) -> bool:
+    """True when membership depends on i - j alone (Diags under and/or/not)."""
+    if isinstance(p, Diag):
+        return True
+    if isinstance(p, (And, Or, Not)):
+        return all(_diagonal_only(c) for c in p.children())
+    return False
+
+
+def _resolve_diagonal(p: Pattern, cls: np.ndarray, r0, r1, c0, c1) -> np.ndarray:
+    """Settle UNKNOWN tiles of a pattern that depends on i - j alone: a rectangle meets every
+    value of i - j in [r0 - c1, r1 - c0], so evaluating those values (a few hundred per tile,
+    not a tile's cells) classifies it exactly."""
+    unk = cls == UNKNOWN
+    if not unk.any() or not _diagonal_only(p):
+        return cls
+    dlo, dhi = (r0 - c1)[unk], (r1 - c0)[unk]
+    width = int((dhi - dlo).max()) + 1
+    shift = max(0, -int(dlo.min()))
+    out = cls.copy()
+    res = np.empty(dlo.shape, dtype=np.int8)
+    per = max(1, (1 << 22) // width)
+    ar = np.arange(width, dtype=np.int64)
+    for s in range(0, len(dlo), per):
+        d = dlo[s:s + per, None] + ar[None, :]
+        valid = d <= dhi[s:s + per, None]
+        on = np.asarray(p.evaluate(d + shift, np.full_like(d, shift)), dtype=bool)
+        anyon = np.any(on & valid, axis=1)
+        allon = np.all(on | ~valid, axis=1)
+        res[s:s + per] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
+    out[unk] = res
+    return out
+
+
+def _residues(lo: np.ndarray, hi: np.ndarray, h: int):
+    """Residues mod h of [lo, hi] as two inclusive intervals (the second repeats the first
+    when one suffices)."""
+    whole = hi - lo + 1 >= h
+    same = (lo // h == hi // h) & ~whole
+    a0 = np.where(whole, 0, lo % h)
+    a1 = np.where(whole | ~same, h - 1, hi % h)
+    b0 = np.where(whole | same, a0, 0)
+    b1 = np.where(whole | same, a1, hi % h)
+    return (a0, a1), (b0, b1)
+
+
+def _union(pieces: list[np.ndarray]) -> np.ndarray:
+    """Class of a union of regions from the classes of the regions."""
+    st = np.stack(pieces)
+    anyp = np.any(st == PARTIAL, axis=0)
+    anyu = np.any(st == UNKNOWN, axis=0)
+    allf = np.all(st == FULL, axis=0)
+    alle = np.all(st == EMPTY, axis=0)
+    out = np.where(allf, FULL, np.where(alle, EMPTY, np.where(anyu, UNKNOWN, PARTIAL)))
+    return np.where(anyp, PARTIAL, out).astype(np.int8)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_pos_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+        raise PatternError(f"tile_map: {name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: int = 128,
+                   block_n: int = 64, q_offset: int | None = None, *, refine: bool = True,
+                   max_cells: int = 1 << 22) -> np.ndarray:
+    """Dense [num_q_blocks, num_k_blocks] int8 array of EMPTY / FULL / PARTIAL classes."""
+    q_len = _check_pos_int("q_len", q_len)
+    k_len = q_len if k_len is None else _check_pos_int("k_len", k_len)
+    block_m = _check_pos_int("block_m", block_m)
+    block_n = _check_pos_int("block_n", block_n)
+    if q_offset is None:
+        q_offset = k_len - q_len
+    if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
+        raise PatternError(f"tile_map: q_offset must be a non-negative integer, got {q_offset!r}")
+    nqb, nkb = -(-q_len // block_m), -(-k_len // block_n)
+    m = np.arange(nqb, dtype=np.int64)[:, None]
+    n = np.arange(nkb, dtype=np.int64)[None, :]
+    r0 = np.broadcast_to(q_offset + m * block_m, (nqb, nkb))
+    r1 = np.broadcast_to(q_offset + np.minimum((m + 1) * block_m, q_len) - 1, (nqb, nkb))
+    c0 = np.broadcast_to(n * block_n, (nqb, nkb))
+    c1 = np.broadcast_to(np.minimum((n + 1) * block_n, k_len) - 1, (nqb, nkb))
+    cls = _classify(pattern, r0, r1, c0, c1)
+    if refine:
+        unk = np.argwhere(cls == UNKNOWN)
+        if len(unk):
+            cls = cls.copy()
+            per = max(1, max_cells // (block_m * block_n))
+            ar = np.arange(block_m, dtype=np.int64)
+            ac = np.arange(block_n, dtype=np.int64)
+            for s in range(0, len(unk), per):
+                mb, nb = unk[s:s + per, 0], unk[s:s + per, 1]
+                rows = q_offset + mb[:, None] * block_m + ar[None, :]          # [T, BM]
+                cols = nb[:, None] * block_n + ac[None, :]                     # [T, BN]
+                rv = rows < q_offset + q_len
+                cv = cols < k_len
+                # Clamp out-of-bounds indices to a valid in-bounds one (ignored below).
+                rows = np.minimum(rows, q_offset + q_len - 1)
+                cols = np.minimum(cols, k_len - 1)
+                on = np.asarray(pattern.evaluate(rows[:, :, None], cols[:, None, :]), dtype=bool)
+                valid = rv[:, :, None] & cv[:, None, :]
+                anyon = np.any(on & valid, axis=(1, 2))
+                allon = np.all(on | ~valid, axis=(1, 2))
+                cls[mb, nb] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
+    else:
+        cls = np.where(cls == UNKNOWN, PARTIAL, cls).astype(np.int8)
+    if k_len % block_n:
+        last = cls[:, nkb - 1]
+        cls[:, nkb - 1] = np.where(last == FULL, PARTIAL, last)
+    return cls
+
+
+def tile_map(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: int = 128,
+             block_n: int = 64, q_offset: int | None = None) -> TileMap:
+    """Classify every BLOCK_M x BLOCK_N tile of the (q_len x k_len) attention matrix.
+
+    Query row r is at absolute position `q_offset + r` (default `k_len - q_len`: the queries
+    are the last q_len keys). Returns full and partial tile lists in CSR form per query block.
+    """
+    k_len = q_len if k_len is None else k_len
+    if q_offset is None and isinstance(q_len, int) and isinstance(k_len, int):
+        q_offset = k_len - q_len
+    cls = classify_tiles(pattern, q_len, k_len, block_m, block_n, q_offset)
+    full, part = cls == FULL, cls == PARTIAL
+
+    def csr(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rowptr = np.zeros(mask.shape[0] + 1, dtype=np.int32)
+        np.cumsum(mask.sum(axis=1), out=rowptr[1:])
+        return rowptr, np.nonzero(mask)[1].astype(np.int32)
+
+    fr, fc = csr(full)
+    pr, pc = csr(part)
+    return TileMap(int(q_len), int(k_len), int(q_offset), int(block_m), int(block_n), fr, fc, pr, pc)
+
+
+def is_causal(pattern: Pattern, n: int) -> bool:
+    """Exact check that no query i < n attends a key j > i (tile classes, refined exactly)."""
+    from sas.lang.primitives import Causal
+
+    upper = classify_tiles(pattern * Not(Causal()), n, n, block_m=256, block_n=256, q_offset=0)
+    return bool((upper == EMPTY).all())

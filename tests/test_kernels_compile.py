@@ -1,0 +1,131 @@
+"""`compile_pattern`: standalone kernel modules and reports, written atomically."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from sas import Causal, Diag, Dynamic, Rect  # noqa: E402
+from sas.codegen import compile_pattern  # noqa: E402
+from sas.codegen.triton_backend import DecodeOptions, PrefillOptions  # noqa: E402
+from sas.errors import KernelError, NotYetSupportedError, SASError  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+STREAMING = (Diag(0, 24) + Rect(cols=(0, 4))) * Causal()
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def reference(pattern, q, k, v):
+    L, D = q.shape[2], q.shape[3]
+    mask = torch.from_numpy(pattern.to_mask(L))
+    s = (q.double().cpu() @ k.double().cpu().transpose(-1, -2)) * D ** -0.5
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0) @ v.double().cpu()
+
+
+def test_compile_writes_standalone_modules_and_report(tmp_path):
+    out = tmp_path / "build"
+    rep = compile_pattern(STREAMING, out, max_len=64, head_dim=64, dtype="float32",
+                          prefill_options=PrefillOptions(32, 16, 4, 1), decode_options=DecodeOptions(16, 4, 1))
+    assert sorted(os.listdir(out)) == ["decode.py", "prefill.py", "report.json", "report.md"]
+    assert os.listdir(tmp_path) == ["build"]                       # no temporary folders left
+    data = json.loads((out / "report.json").read_text())
+    assert data == json.loads(json.dumps(rep))
+    assert data["cache_size"] == 28 and data["causal"] is True
+    assert "def cache_id_func" in data["functions_source"] and "def mask_func" in data["functions_source"]
+    t = data["prefill"]["tiles"]
+    assert t["full"] + t["partial"] + t["empty"] == t["total"] == 2 * 4
+    md = (out / "report.md").read_text()
+    assert "KV-cache slots: 28" in md and "| full | partial |" in md
+    for name in ("prefill.py", "decode.py"):
+        src = (out / name).read_text()
+        imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
+        assert imports <= {"os", "torch", "triton"}, imports
+
+    # the modules run on their own (no sas import needed by them)
+    pre = load(out / "prefill.py", "sas_test_standalone_prefill")
+    dec = load(out / "decode.py", "sas_test_standalone_decode")
+    L, P = 60, 40
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, L, 64, generator=g).to(DEV) for _ in range(3))
+    ref = reference(STREAMING, q, k, v)
+    tiles = pre.build_tiles(P, device=DEV)
+    o = pre.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P], *tiles)
+    assert float((o.double().cpu() - ref[:, :, :P]).norm() / ref[:, :, :P].norm()) < 1e-4
+    kc = torch.zeros(1, 1, dec.CACHE_SIZE, 64, device=DEV)
+    vc = torch.zeros_like(kc)
+    dec.fill_cache(k[:, :, :P], v[:, :, :P], kc, vc)
+    for t in range(P, L):
+        o = dec.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], kc, vc, t,
+                       num_splits=2)
+        r = ref[:, :, t:t + 1]
+        assert float((o.double().cpu() - r).norm() / r.norm()) < 1e-4
+
+
+def test_recompile_replaces_folder(tmp_path):
+    out = tmp_path / "b"
+    compile_pattern(STREAMING, out, max_len=64)
+    (out / "stale.txt").write_text("x")
+    compile_pattern(Diag(0, 8), out, max_len=64)
+    assert "stale.txt" not in os.listdir(out)
+    assert json.loads((out / "report.json").read_text())["cache_size"] == 8
+    assert os.listdir(tmp_path) == ["b"]
+
+
+def test_non_causal_pattern_compiles_prefill_only(tmp_path):
+    rep = compile_pattern(Diag(-3, 8), tmp_path / "nc", max_len=64)
+    assert rep["causal"] is False and "cache_size" not in rep
+    assert sorted(os.listdir(tmp_path / "nc")) == ["prefill.py", "report.json", "report.md"]
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    ({"backend": "cuda"}, SASError, "backend"),
+    ({"max_len": 0}, KernelError, "max_len"),
+    ({"head_dim": 96}, KernelError, "head_dim"),
+    ({"dtype": "int8"}, KernelError, "dtype"),
+    ({"num_heads": 6, "num_kv_heads": 4}, KernelError, "num_kv_heads"),
+])
+def test_compile_errors_leave_nothing(tmp_path, kwargs, err, match):
+    with pytest.raises(err, match=match):
+        compile_pattern(STREAMING, tmp_path / "x", **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_compile_dynamic_not_yet(tmp_path):
+    with pytest.raises(NotYetSupportedError, match="separate issue"):
+        compile_pattern(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), tmp_path / "d")
+    with pytest.raises(SASError):
+        compile_pattern("Diag(0, 4)", tmp_path / "d")  # type: ignore[arg-type]
+    assert os.listdir(tmp_path) == []
+
+
+def test_failure_keeps_previous_output(tmp_path, monkeypatch):
+    out = tmp_path / "keep"
+    compile_pattern(STREAMING, out, max_len=64)
+    before = (out / "report.json").read_text()
+    import sas.codegen.compile as comp
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(comp.os, "replace", boom)
+    with pytest.raises(KernelError, match="disk full"):
+        compile_pattern(Diag(0, 8), out, max_len=64)
+    monkeypatch.undo()
+    assert (out / "report.json").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["keep"]

@@ -1,0 +1,235 @@
+"""Prefill kernels (Triton; CPU interpreter unless a GPU is present) against a float64
+reference built from the oracle `to_mask`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sas import Causal, Diag, Dynamic, Rect  # noqa: E402
+from sas.codegen.triton_backend import PrefillOptions, prefill_module  # noqa: E402
+from sas.errors import KernelError, NotYetSupportedError, SASError  # noqa: E402
+from sas.ir.tiles import tile_map  # noqa: E402
+from sas.runtime import SASAttnKernel  # noqa: E402
+
+try:
+    from tests.strategies import causal_patterns
+except ImportError:  # pragma: no cover
+    from strategies import causal_patterns  # type: ignore
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = PrefillOptions(block_m=32, block_n=16, num_warps=4, num_stages=1)
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+if DEV == "cuda":
+    TOL[torch.float32] = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    old = os.environ.get("SAS_CACHE_DIR")
+    os.environ["SAS_CACHE_DIR"] = str(tmp_path_factory.mktemp("sas_cache"))
+    yield
+    if old is None:
+        os.environ.pop("SAS_CACHE_DIR", None)
+    else:
+        os.environ["SAS_CACHE_DIR"] = old
+
+
+def table1():
+    """The six Table-1 patterns with the same formulas and small constants."""
+    return {
+        "streaming_llm": (Diag(0, 24) + Rect(cols=(0, 4))) * Causal(),
+        "block_local": (Rect(size=(16, 16)) >> Diag(0, 3)) * Causal(),
+        "sliding_window": Diag(0, 24),
+        "openai_strided": (Diag(0, 16) + Diag(0, None, stride=16)) * Causal(),
+        "openai_fixed": ((Rect(size=(32, 32)) >> Diag(0, 1))
+                         + ((Rect(size=(32, 32)) * Rect(cols=(28, None))) >> Rect())) * Causal(),
+        "strided_block_local": (Rect(size=(32, 32)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
+    }
+
+
+def reference(pattern, q, k, v, q_offset=None):
+    """float64 SDPA with the boolean mask; rows with no attended key give 0."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    q_offset = Lk - Lq if q_offset is None else q_offset
+    mask = torch.from_numpy(pattern.to_mask(max(Lk, q_offset + Lq))[q_offset:q_offset + Lq, :Lk])
+    g = H // k.shape[1]
+    kk = k.double().cpu().repeat_interleave(g, 1)
+    vv = v.double().cpu().repeat_interleave(g, 1)
+    s = (q.double().cpu() @ kk.transpose(-1, -2)) * D ** -0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, -1).nan_to_num(0.0)
+    return w @ vv
+
+
+def rel(out, ref):
+    out = out.double().cpu()
+    assert torch.isfinite(out).all()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def qkv(B, Hq, Hkv, Lq, Lk, D, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda h, n: torch.randn(B, h, n, D, generator=g).to(dtype).to(DEV)  # noqa: E731
+    return mk(Hq, Lq), mk(Hkv, Lk), mk(Hkv, Lk)
+
+
+def run_prefill(pattern, B=1, Hq=2, Hkv=1, L=96, D=64, dtype=torch.float32, options=SMALL, seed=0, Lq=None):
+    Lq = L if Lq is None else Lq
+    q, k, v = qkv(B, Hq, Hkv, Lq, L, D, dtype, seed)
+    kern = SASAttnKernel(pattern, max_len=max(L, 1), prefill_options=options)
+    out = kern(q, k, v)
+    assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+    return rel(out, reference(pattern, q, k, v)), out
+
+
+@pytest.mark.parametrize("name", list(table1()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_table1_prefill(name, dtype):
+    err, _ = run_prefill(table1()[name], L=100 if dtype == torch.float32 else 96, dtype=dtype)
+    assert err < TOL[dtype], f"{name} {dtype}: rel err {err:.2e}"
+
+
+def test_batch_and_gqa():
+    err, _ = run_prefill(table1()["streaming_llm"], B=2, Hq=4, Hkv=2, L=80, dtype=torch.bfloat16)
+    assert err < TOL[torch.bfloat16]
+    err, _ = run_prefill(table1()["openai_fixed"], B=2, Hq=3, Hkv=3, L=64)
+    assert err < TOL[torch.float32]
+
+
+def test_head_dim_128_and_default_tiles():
+    err, _ = run_prefill(table1()["block_local"], L=64, D=128, dtype=torch.bfloat16,
+                         options=PrefillOptions(block_m=64, block_n=32, num_warps=4, num_stages=1))
+    assert err < TOL[torch.bfloat16]
+
+
+def test_auto_options():
+    from sas.codegen.triton_backend import auto_prefill_options
+
+    p = table1()["openai_fixed"]
+    assert auto_prefill_options(p, 128).block_n == 32          # 4 summary columns of 32: narrow tiles
+    assert auto_prefill_options(Diag(0, 900), 2048).block_n == 64
+    q, k, v = qkv(1, 2, 1, 128, 128, 64, torch.bfloat16)
+    kern = SASAttnKernel(p, max_len=128)                       # prefill_options=None: automatic
+    assert rel(kern(q, k, v), reference(p, q, k, v)) < TOL[torch.bfloat16]
+
+
+def test_query_suffix():
+    p = table1()["streaming_llm"]
+    q, k, v = qkv(1, 2, 1, 37, 100, 64, torch.float32)
+    kern = SASAttnKernel(p, max_len=100, prefill_options=SMALL)
+    assert rel(kern(q, k, v), reference(p, q, k, v)) < TOL[torch.float32]
+
+
+def test_non_causal_prefill_and_empty_rows():
+    p = Rect(rows=(10, 50), cols=(40, 90)) + Diag(-5, 3)     # not causal; many rows attend nothing
+    err, out = run_prefill(p, L=90)
+    assert err < TOL[torch.float32]
+    m = torch.from_numpy(p.to_mask(90))
+    empty = ~m.any(1)
+    assert empty.any()
+    assert (out[:, :, empty.to(out.device)] == 0).all()
+
+
+def test_nothing_attended_gives_zeros():
+    p = Rect(rows=(0, 1), cols=(500, 501))
+    q, k, v = qkv(1, 2, 2, 40, 40, 64, torch.float16)
+    out = SASAttnKernel(p, max_len=40, prefill_options=SMALL)(q, k, v)
+    assert (out == 0).all()
+
+
+def test_non_contiguous_inputs():
+    p = table1()["sliding_window"]
+    q, k, v = qkv(1, 2, 2, 64, 64, 64, torch.float32)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)       # [B, L, H, D] storage
+    assert not qt.is_contiguous()
+    out = SASAttnKernel(p, max_len=64, prefill_options=SMALL)(qt, k, v)
+    assert rel(out, reference(p, q, k, v)) < TOL[torch.float32]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=causal_patterns(3).filter(lambda p: not p.dynamics()), L=st.integers(20, 64))
+def test_random_causal_compositions(p, L):
+    err, _ = run_prefill(p, L=L, seed=L)
+    assert err < TOL[torch.float32], f"{p!r}: rel err {err:.2e}"
+
+
+def test_standalone_module_build_tiles_matches_tile_map():
+    p = table1()["openai_fixed"]
+    mod = prefill_module(p, SMALL)
+    for (lq, lk) in [(96, 96), (40, 100)]:
+        got = mod.build_tiles(lq, lk, block_m=32, block_n=16, device=DEV)
+        tm = tile_map(p, lq, lk, 32, 16)
+        for a, b in zip(got[:4], (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols)):
+            assert a.cpu().tolist() == b.tolist()
+        q, k, v = qkv(1, 2, 1, lq, lk, 64, torch.float32)
+        out = mod.prefill(q, k, v, *got, block_m=32, block_n=16, num_warps=4, num_stages=1)
+        assert rel(out, reference(p, q, k, v)) < TOL[torch.float32]
+
+
+def test_compiled_module_is_cached():
+    p = Diag(0, 37) * Rect(cols=(1, None))                   # used by no other test
+    a = prefill_module(p, SMALL)
+    b = prefill_module(p, SMALL)
+    assert a is b
+    assert os.path.isfile(a.__file__) and a.__file__.startswith(os.environ["SAS_CACHE_DIR"])
+    with open(a.__file__) as f:
+        src = f.read()
+    assert "import torch" in src and "import triton" in src
+    imports = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
+    assert all(line.split()[1].split(".")[0] in ("os", "torch", "triton") for line in imports), imports
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def kernel():
+    return SASAttnKernel(table1()["sliding_window"], max_len=64, prefill_options=SMALL)
+
+
+def t(*shape, dtype=torch.float32, device=DEV):
+    return torch.randn(*shape).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("args,match", [
+    (lambda: (t(2, 2, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "batch"),
+    (lambda: (t(1, 2, 16, 64), t(1, 2, 16, 64), t(1, 2, 17, 64)), "same shape"),
+    (lambda: (t(1, 3, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "multiple of the kv heads"),
+    (lambda: (t(1, 2, 16, 64), t(1, 2, 16, 32), t(1, 2, 16, 32)), "head_dim"),
+    (lambda: (t(1, 2, 16, 48), t(1, 2, 16, 48), t(1, 2, 16, 48)), "head_dim 48"),
+    (lambda: (t(1, 2, 16, 64), t(1, 2, 16, 64, dtype=torch.float16), t(1, 2, 16, 64)), "dtype"),
+    (lambda: (t(1, 2, 16, 64, dtype=torch.float64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "unsupported dtype"),
+    (lambda: (t(1, 2, 16, 64), t(1, 2, 16, 64, device="meta"), t(1, 2, 16, 64)), "device|on meta"),
+    (lambda: (t(2, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "4-D"),
+    (lambda: ([1.0], t(1, 2, 16, 64), t(1, 2, 16, 64)), "torch.Tensor"),
+    (lambda: (t(1, 2, 20, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "last Lq"),
+])
+def test_prefill_argument_errors(args, match):
+    with pytest.raises(KernelError, match=match):
+        kernel()(*args())
+
+
+def test_constructor_errors():
+    with pytest.raises(KernelError, match="backend"):
+        SASAttnKernel(Causal(), backend="cuda")
+    with pytest.raises(KernelError, match="pattern"):
+        SASAttnKernel("causal")  # type: ignore[arg-type]
+    with pytest.raises(KernelError, match="max_len"):
+        SASAttnKernel(Causal(), max_len=0)
+    with pytest.raises(NotYetSupportedError, match="separate issue"):
+        SASAttnKernel(Diag(0, 8) + Diag(8, None) * Dynamic(budget=4))
+    with pytest.raises(KernelError, match="other_inputs"):
+        SASAttnKernel(Causal(), other_inputs={"not an id": torch.zeros(1)})
+    with pytest.raises(KernelError, match="other_inputs"):
+        SASAttnKernel(Causal(), other_inputs={"w": 3})
+    with pytest.raises(KernelError, match="block_m"):
+        PrefillOptions(block_m=48)
+    assert issubclass(KernelError, SASError)
