@@ -1,0 +1,37 @@
+# sas: `make demo` sets everything up and shows the CLI; `make test` runs the test suite.
+# The virtual environment lives in .venv; it is (re)installed when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# One core for timings, where taskset exists.
+PIN := $(shell command -v taskset >/dev/null 2>&1 && echo taskset -c 0)
+BENCH_ARGS ?= --markdown
+
+.PHONY: setup demo test bench-analysis clean
+
+setup: $(STAMP)
+
+# torch first, pinned: pip finds the local CPU wheel for 2.13.0 instead of the newest CUDA
+# build; then sas itself (editable) with its test and kernel extras (triton runs on the CPU
+# under TRITON_INTERPRET=1).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[test,kernels]'
+	touch $@
+
+demo: $(STAMP)
+	mkdir -p out
+	$(BIN)/sas inspect examples/streaming_llm.py --max-len 16K
+	$(BIN)/sas plot examples/strided_block_local.py -o out/strided_block_local.png
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+bench-analysis: $(STAMP)
+	$(PIN) $(BIN)/python benchmarks/bench_analysis.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

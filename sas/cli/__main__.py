@@ -1,0 +1,5 @@
+"""`python -m sas.cli ...` runs the `sas` command line."""
+
+from sas.cli.main import main
+
+main()

@@ -1,0 +1,282 @@
+"""The `sas` command line (click's CliRunner) and the KV-cache trace behind `sas plot`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from sas import Causal, Diag, Rect, analyze
+from sas.analysis.events import ACTIVE, EMPTY, INACTIVE, simulate
+from sas.cli.main import cli, parse_length
+from sas.cli.plotting import kv_trace, last_use, trace_from_events, trace_from_functions, window_slots
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def script(tmp_path: Path, body: str, name: str = "p.py") -> Path:
+    path = tmp_path / name
+    path.write_text("from sas import Causal, Diag, Dynamic, Rect\n" + body + "\n")
+    return path
+
+
+def assert_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.stderr.startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in result.stderr, (f, result.stderr)
+
+
+# --- inspect ---------------------------------------------------------------------------------
+
+def test_inspect_text_streaming_llm():
+    r = run("inspect", EXAMPLES / "streaming_llm.py", "--max-len", "16K")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "max_len:      16384" in out
+    assert "1056 slots (dense: 16384; 15.5x smaller" in out
+    assert "slot scheme:  prefix+ring (closed form)" in out
+    assert "periodic" in out and "groups (" in out and "group 0 (boundary)" in out
+    assert "cache events (" in out and "store" in out and "evict" in out
+    for fn in ("def cache_id_func(token_id)", "def slot_key_func(cache_id, token_id)",
+               "def mask_func(cache_id, token_id)"):
+        assert fn in out
+
+
+def test_inspect_json_matches_analysis():
+    r = run("inspect", EXAMPLES / "sliding_window.py", "--max-len", "4K", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["max_len"] == 4096 and rep["cache_size"] == 1024 and rep["dense_cache_size"] == 4096
+    assert rep["closed_form"] is True and rep["scheme"] == "ring"
+    assert "def mask_func" in rep["source"] and rep["events"] and rep["groups"]
+
+
+def test_inspect_sas_text_file():
+    path = EXAMPLES / "streaming_llm.sas"
+    r = run("inspect", path, "--max-len", "16384", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["cache_size"] == 1056
+
+
+def test_inspect_script_in_tmp_path(tmp_path):
+    path = script(tmp_path, "pattern = (Diag(0, 6) + Rect(cols=(0, 2))) * Causal()")
+    r = run("inspect", path, "--max-len", "64")
+    assert r.exit_code == 0, r.output
+    assert "8 slots (dense: 64" in r.stdout
+
+
+def test_inspect_table_fallback_abbreviates_tables(tmp_path):
+    path = script(tmp_path, "pattern = (Rect(size=(2, 3)) >> Diag(0, 3)) * Causal()")
+    r = run("inspect", path, "--max-len", "1000")
+    assert r.exit_code == 0, r.output
+    assert "no closed form" in r.stdout and "entries; `sas inspect --json` prints them all" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) < 400
+
+
+@pytest.mark.parametrize("text,value", [("16384", 16384), ("16K", 16384), ("16k", 16384), ("1M", 1 << 20),
+                                        (" 2K ", 2048), (7, 7)])
+def test_parse_length(text, value):
+    assert parse_length(text) == value
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+def test_missing_file():
+    for cmd in ("inspect", "plot"):
+        args = [cmd, "no/such/pattern.py"] + (["-o", "x.png"] if cmd == "plot" else [])
+        assert_error(run(*args), "pattern file not found", "no/such/pattern.py")
+
+
+def test_folder_instead_of_file():
+    assert_error(run("inspect", EXAMPLES), "is a folder")
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "abc", "1.5K", "K", ""])
+def test_bad_max_len(bad):
+    assert_error(run("inspect", EXAMPLES / "sliding_window.py", "--max-len", bad),
+                 "--max-len must be a positive integer", repr(bad))
+
+
+def test_non_causal_pattern_inspect(tmp_path):
+    path = script(tmp_path, "pattern = Diag(-2, 5)")
+    assert_error(run("inspect", path), "not causal", "Causal()")
+
+
+def test_script_without_pattern(tmp_path):
+    path = tmp_path / "nothing.py"
+    path.write_text("x = 1\n")
+    assert_error(run("inspect", path), "pattern")
+
+
+def test_script_that_raises(tmp_path):
+    path = script(tmp_path, "pattern = Diag(0, -3)")
+    r = run("inspect", path)
+    assert_error(r)
+
+
+def test_bad_window(tmp_path):
+    for w in ("0", "-1", "100000"):
+        assert_error(run("plot", EXAMPLES / "sliding_window.py", "-o", tmp_path / "x.png", "--window", w),
+                     "--window")
+    assert not list(tmp_path.iterdir())
+
+
+def test_output_is_a_folder(tmp_path):
+    assert_error(run("plot", EXAMPLES / "sliding_window.py", "-o", str(tmp_path) + "/"), "folder")
+
+
+def test_unknown_backend(tmp_path):
+    r = run("compile", EXAMPLES / "sliding_window.py", "--backend", "cuda", "-o", tmp_path / "build")
+    assert_error(r, "unknown backend 'cuda'", "triton")
+    assert not (tmp_path / "build").exists()
+
+
+def test_compile_with_a_broken_backend_install_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sas.codegen.compile", None)   # import now fails
+    r = run("compile", EXAMPLES / "sliding_window.py", "-o", tmp_path / "build")
+    assert_error(r, "triton backend cannot be loaded", "sas[kernels]")
+    assert not (tmp_path / "build").exists()
+
+
+def test_compile_writes_kernels(tmp_path):
+    out = tmp_path / "build"
+    r = run("compile", EXAMPLES / "sliding_window.py", "--backend", "triton", "-o", out,
+            "--max-len", "1K", "--head-dim", "64", "--dtype", "float16")
+    assert r.exit_code == 0, r.output
+    assert (out / "prefill.py").is_file() and (out / "report.json").is_file()
+    report = json.loads((out / "report.json").read_text())
+    assert report["max_len"] == 1024 and report["head_dim"] == 64
+
+
+def test_help_texts():
+    r = run("--help")
+    assert r.exit_code == 0 and all(c in r.output for c in ("inspect", "plot", "compile", "16K"))
+    for cmd in ("inspect", "plot", "compile"):
+        r = run(cmd, "--help")
+        assert r.exit_code == 0 and "--max-len" in r.output
+
+
+def test_module_entry_points():
+    for mod in ("sas.cli.main", "sas.cli"):
+        p = subprocess.run([sys.executable, "-m", mod, "inspect", str(EXAMPLES / "no_such.py")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and p.stderr.startswith("error: pattern file not found"), p.stderr
+        assert "Warning" not in p.stderr
+
+
+# --- plot ------------------------------------------------------------------------------------
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
+
+
+def test_plot_writes_png(tmp_path):
+    out = tmp_path / "figs" / "strided_block_local.png"
+    r = run("plot", EXAMPLES / "strided_block_local.py", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "from the cache events" in r.stdout and "warning" not in r.output
+    assert_png(out)
+
+
+def test_plot_window_and_many_slots(tmp_path):
+    out = tmp_path / "openai_fixed.png"
+    r = run("plot", EXAMPLES / "openai_fixed.py", "-o", out, "--max-len", "4K", "--window", "300")
+    assert r.exit_code == 0, r.output
+    assert "trace of 256 slot(s)" in r.stdout   # capped at 256 drawn slots
+    assert_png(out)
+
+
+def test_plot_table_pattern_uses_functions(tmp_path):
+    path = script(tmp_path, "pattern = (Rect(size=(2, 3)) >> Diag(0, 3)) * Causal()")
+    out = tmp_path / "table.png"
+    r = run("plot", path, "-o", out, "--max-len", "512", "-w", "32")
+    assert r.exit_code == 0, r.output
+    assert "from the synthesized functions" in r.stdout
+    assert_png(out)
+
+
+def test_plot_non_causal_draws_mask_only(tmp_path):
+    path = script(tmp_path, "pattern = Rect(size=(2, 2)) >> Diag(0, 1)")
+    out = tmp_path / "mask.png"
+    r = run("plot", path, "-o", out, "-w", "16")
+    assert r.exit_code == 0, r.output
+    assert "mask only" in r.stdout and "not causal" in r.stderr
+    assert_png(out)
+
+
+def test_plot_replaces_existing_file(tmp_path):
+    out = tmp_path / "p.png"
+    out.write_bytes(b"old")
+    r = run("plot", EXAMPLES / "sliding_window.py", "-o", out, "--max-len", "128", "-w", "16")
+    assert r.exit_code == 0, r.output
+    assert_png(out)
+
+
+# --- the trace behind `sas plot`: event simulation against the synthesized functions ---------
+
+SMALL = {
+    "sliding_window_8": Diag(0, 8),
+    "streaming_sink2_window6": (Diag(0, 6) + Rect(cols=(0, 2))) * Causal(),
+    "block_local_8x3": (Rect(size=(8, 8)) >> Diag(0, 3)) * Causal(),
+    "strided_block_local_16_4": (Rect(size=(16, 16)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
+    "openai_fixed_16_4": ((Rect(size=(16, 16)) >> Diag(0, 1))
+                          + ((Rect(size=(16, 16)) * Rect(cols=(12, None))) >> Rect())) * Causal(),
+    "openai_strided_8": Diag(0, 8) + Diag(0, None, stride=8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("n", [64, 50])
+def test_simulated_trace_equals_mask_func(name, n):
+    p = SMALL[name]
+    a = analyze(p, n)
+    assert a.events
+    mask = p.to_mask(n)
+    ev = simulate(a.events, a.cache_ids(n), a.max_len, 0, n, a.cache_size)
+    fn = trace_from_functions(a, n)
+    assert ev.shape == fn.shape == (a.cache_size, n)
+    for i in range(n):
+        keys = set()
+        for s in range(a.cache_size):
+            active = bool(a.mask_func(s, i))
+            assert (ev[s, i] == ACTIVE) == active, (s, i, int(ev[s, i]), active)
+            if a.slot_key_func(s, i) < 0:
+                assert ev[s, i] == EMPTY, (s, i)
+            if active:
+                keys.add(a.slot_key_func(s, i))
+        assert keys == set(np.flatnonzero(mask[i]).tolist()), i   # the trace decodes the mask
+    # Cached-but-masked vs empty: the two traces agree except where the events keep a key whose
+    # next active range the end of the sequence cuts off (its slot is not reused before the end).
+    last = last_use(a, n)
+    for s, i in np.argwhere(ev != fn):
+        k = a.slot_key_func(int(s), int(i))
+        assert ev[s, i] == INACTIVE and fn[s, i] == EMPTY and 0 <= k and last[k] < i, (s, i)
+    assert (ev[:, : n // 2] == fn[:, : n // 2]).all()   # no difference far from the end
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_plot_trace_uses_events_and_window_slots(name):
+    a = analyze(SMALL[name], 64)
+    w = 40
+    slots = window_slots(a, w)
+    full = simulate(a.events, a.cache_ids(64), 64, 0, w, a.cache_size)
+    assert (trace_from_events(a, w, slots) == full[slots]).all()
+    assert not full[np.setdiff1d(np.arange(a.cache_size), slots)].any()   # other slots stay empty
+    state, rows, source, warnings = kv_trace(a, w)
+    assert source == "the cache events" and not warnings
+    assert (rows == slots).all() and (state == full[slots]).all()
