@@ -7,6 +7,7 @@ kernels.
 
 from sas.errors import SASError
 from sas.lang import ops
+from sas.lang import sym
 from sas.lang import And, Causal, Diag, Dynamic, Not, Or, Pattern, Rect, Spread
 
 __all__ = ["SASError", "ops", "Pattern", "Rect", "Diag", "Causal", "Dynamic", "Or", "And",

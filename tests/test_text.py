@@ -195,10 +195,7 @@ def test_dynamic_score_chains(score_text, score):
 def test_other_score_sources_of_sas_ops(score_text, build):
     """The text language offers every chain builder `sas.lang.ops` has (checked only where
     the installed ops module provides it)."""
-    try:
-        score = build()
-    except AttributeError:
-        pytest.skip("sas.lang.ops does not provide this chain builder")
+    score = build()
     assert one(f"p = Dynamic(budget=8, score={score_text})") == Dynamic(budget=8, score=score)
 
 

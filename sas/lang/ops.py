@@ -14,6 +14,9 @@ from typing import Any, Callable
 from sas.errors import PatternError
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
+SAMPLE_METHODS = ("multinomial", "stratified", "systematic")
+_RESERVED_OPS = frozenset({"attn_score", "register", "default_score", "custom_op", "external",
+                           "partition", "reuse", "sample", "OpChain", "OpNode"})
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class OpNode:
     args: tuple[tuple[str, Any], ...] = ()
 
     def __repr__(self):
+        if self.name == "custom":            # a registered op prints as it is called: mm_score()
+            return f"{dict(self.args)['op']}()"
         inner = ", ".join(f"{k}={v!r}" for k, v in self.args)
         return f"{self.name}({inner})"
 
@@ -65,6 +70,17 @@ class OpChain:
             raise PatternError(f"topk(k=...) must be a positive integer, got {k!r}")
         return self._then("topk", k=k)
 
+    def sample(self, n: int, method: str = "systematic") -> "OpChain":
+        """SANTA: draw `n` key indices per query from the (post-softmax) distribution.
+
+        Designed, not executable yet (tracing raises NotYetSupportedError); see docs/dynamic.md.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PatternError(f"sample(n=...) must be a positive integer, got {n!r}")
+        if method not in SAMPLE_METHODS:
+            raise PatternError(f"sample(method=...) must be one of {SAMPLE_METHODS}, got {method!r}")
+        return self._then("sample", method=method, n=n)
+
     def _arith(self, name: str, other: Any) -> "OpChain":
         if isinstance(other, OpChain):
             return self._then(name, other=other)
@@ -86,6 +102,53 @@ def attn_score() -> OpChain:
     return OpChain((OpNode("attn_score"),))
 
 
+def external(name: str) -> OpChain:
+    """Scores supplied from outside at every step (SpecAttn: a draft model's attention).
+
+    `other_inputs[name]` holds the full-sequence tensor `[B, Hq, N, N]` (row = query position);
+    each step reads its rows `[i0, i1)` and key columns `[0, i1)`, like `attn_score()`.
+    """
+    from sas.lang.sym import check_input_name
+
+    check_input_name(name, "ops.external")
+    return OpChain((OpNode("external", (("name", name),)),))
+
+
+def partition(centroids: str, classifier: str, probes: int) -> OpChain:
+    """Saap: keys go to the bucket of their nearest centroid, queries probe the `probes` buckets
+    a learned classifier ranks best; a key scores by the rank of its bucket.
+
+    `centroids` and `classifier` name tensors of `other_inputs`. Designed, not executable yet
+    (tracing raises NotYetSupportedError); see docs/dynamic.md.
+    """
+    from sas.lang.sym import check_input_name
+
+    check_input_name(centroids, "ops.partition(centroids=...)")
+    check_input_name(classifier, "ops.partition(classifier=...)")
+    if not isinstance(probes, int) or isinstance(probes, bool) or probes < 1:
+        raise PatternError(f"ops.partition(probes=...) must be a positive integer, got {probes!r}")
+    return OpChain((OpNode("partition", (("centroids", centroids), ("classifier", classifier),
+                                         ("probes", probes))),))
+
+
+def reuse(layer: int | str, head_map: tuple[int, ...] | None = None) -> OpChain:
+    """Kascade: reuse the key selection an anchor layer computed (`head_map[h]` = the anchor's
+    KV head whose selection KV head h reuses; None = the same head).
+
+    Designed, not executable yet (tracing raises NotYetSupportedError); see docs/dynamic.md.
+    """
+    if isinstance(layer, bool) or not (
+            (isinstance(layer, int) and layer >= 0) or (isinstance(layer, str) and layer.isidentifier())):
+        raise PatternError(f"ops.reuse(layer=...) must be a layer index >= 0 or an identifier naming the "
+                           f"anchor layer, got {layer!r}")
+    if head_map is not None:
+        if not isinstance(head_map, (tuple, list)) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in head_map):
+            raise PatternError(f"ops.reuse(head_map=...) must be a tuple of KV-head indices >= 0, got {head_map!r}")
+        head_map = tuple(head_map)
+    return OpChain((OpNode("reuse", (("head_map", head_map), ("layer", layer))),))
+
+
 def default_score() -> OpChain:
     """H2O's accumulated attention: `attn_score().sum(dim=1)`."""
     return attn_score().sum(dim=1)
@@ -99,7 +162,7 @@ def register(fn: Callable[..., Any]) -> Callable[..., OpChain]:
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise PatternError(f"ops.register: custom op name must be a Python identifier, got {name!r}")
-    if name in ("attn_score", "register", "default_score") or name.startswith("_"):
+    if name in _RESERVED_OPS or name.startswith("_") or (name in globals() and name not in _REGISTRY):
         raise PatternError(f"ops.register: {name!r} is reserved; choose another name")
     _REGISTRY[name] = fn
 

@@ -1,0 +1,227 @@
+"""Split a pattern with a Dynamic component into what is static and what is selected at run time.
+
+For a pattern `P` holding one Dynamic component `D` (possibly at several places of the tree):
+
+- `static`  = `P` with `D` replaced by the empty pattern: cells attended whatever is selected;
+- `full`    = `P` with `D` replaced by the whole plane: every cell the selection may use
+              (the same mask as `P.to_mask`, the oracle);
+- `region`  = `full * ~static`: the cells only the dynamic selection can turn on. Key `j` is a
+              *candidate* from the first query `i` with `region(i, j)` on.
+
+`P` must be monotone in `D` (no `~` above a Dynamic), causal, and its region non-empty.
+The region's column structure (`sas.analysis.columns`) gives, without any sequence length,
+the last query that can use each key through the region (`region_last_use`) and, when every
+region column is finite, the most candidates that can be alive at once (`capacity`):
+`Dynamic(budget=...)` may not exceed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
+from sas.errors import NotYetSupportedError, PatternError
+from sas.dynamic.trace import ScoreGraph, trace_score
+from sas.ir.periodicity import structure
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Dynamic, Rect
+
+FOREVER = np.iinfo(np.int64).max // 4   # region_last_use of a key the region uses until any length
+NEVER = -1
+
+_EVERYTHING = Rect()
+_NOTHING = Not(Rect())
+
+
+def substitute(p: Pattern, target: Dynamic, by: Pattern) -> Pattern:
+    """`p` with every occurrence of the Dynamic `target` replaced by `by` (the empty or the whole
+    plane), folding the constants away so that the parts print as the user wrote them."""
+    if isinstance(p, Dynamic):
+        return by if p == target else p
+    if isinstance(p, Or):
+        a, b = substitute(p.a, target, by), substitute(p.b, target, by)
+        if a == _NOTHING:
+            return b
+        if b == _NOTHING:
+            return a
+        return _EVERYTHING if _EVERYTHING in (a, b) else Or(a, b)
+    if isinstance(p, And):
+        a, b = substitute(p.a, target, by), substitute(p.b, target, by)
+        if a == _EVERYTHING:
+            return b
+        if b == _EVERYTHING:
+            return a
+        return _NOTHING if _NOTHING in (a, b) else And(a, b)
+    if isinstance(p, Spread):
+        u, l = substitute(p.unit, target, by), substitute(p.layout, target, by)
+        return _NOTHING if _NOTHING in (u, l) else Spread(u, l)
+    if isinstance(p, Not):
+        return Not(substitute(p.a, target, by))
+    return p
+
+
+def _check_monotone(p: Pattern, negated: bool = False) -> None:
+    if isinstance(p, Dynamic):
+        if negated:
+            raise PatternError(
+                f"{p!r} appears under '~' (NOT): the dynamic selection must only add cells, so a Dynamic "
+                f"cannot be negated; write the static part explicitly instead")
+        return
+    for c in p.children():
+        _check_monotone(c, negated ^ isinstance(p, Not))
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicPlan:
+    """A pattern split into its static part and its dynamic region, with the traced score."""
+
+    pattern: Pattern
+    dynamic: Dynamic
+    static: Pattern
+    full: Pattern
+    region: Pattern
+    score: ScoreGraph
+    capacity: int | None          # most candidates alive at once; None = grows with the length
+    columns: ColumnShapes | None  # region column shapes (None: no periodic description)
+    max_len: int | None
+    _last_table: np.ndarray | None = None   # region last use per key, non-periodic regions only
+
+    @property
+    def budget(self) -> int:
+        return self.dynamic.budget
+
+    @property
+    def refresh(self) -> bool:
+        return self.dynamic.refresh
+
+    def static_rows(self, i0: int, i1: int, n_keys: int) -> np.ndarray:
+        """`[i1 - i0, n_keys]` bool: static cells of queries i0..i1-1."""
+        i = np.arange(i0, i1, dtype=np.int64)[:, None]
+        j = np.arange(n_keys, dtype=np.int64)[None, :]
+        return np.asarray(self.static.evaluate(i, j), dtype=bool) & np.ones((i1 - i0, n_keys), dtype=bool)
+
+    def region_rows(self, i0: int, i1: int, n_keys: int) -> np.ndarray:
+        """`[i1 - i0, n_keys]` bool: region cells of queries i0..i1-1."""
+        i = np.arange(i0, i1, dtype=np.int64)[:, None]
+        j = np.arange(n_keys, dtype=np.int64)[None, :]
+        return np.asarray(self.region.evaluate(i, j), dtype=bool) & np.ones((i1 - i0, n_keys), dtype=bool)
+
+    def region_last_use(self, j) -> np.ndarray:
+        """Last query whose region row holds key j: `FOREVER` if unbounded, `NEVER` (-1) if none."""
+        j = np.asarray(j, dtype=np.int64)
+        if self.columns is None:
+            if self._last_table is None or (j.size and j.max() >= len(self._last_table)):
+                raise NotYetSupportedError(
+                    f"the region of {self.pattern!r} has no periodic description; its key lifetimes are "
+                    f"known only up to max_len={self.max_len}")
+            return self._last_table[j]
+        c = self.columns
+        s = c.shape_of(j)
+        used, forever = c.ever_used[s], c.forever[s]
+        return np.where(~used, NEVER, np.where(forever, FOREVER, j + c.last_finite[s]))
+
+    def summary(self) -> str:
+        """Human-readable description for `sas inspect`: the split, the policy, the score kernels."""
+        from sas.dynamic.fusion import analyze_fusion
+
+        cap = (f"at most {self.capacity} candidate keys at once" if self.capacity is not None
+               else "its candidates grow with the sequence length")
+        policy = (f"refresh=True: every candidate stays cached; each decode query loads the {self.budget} "
+                  f"with the highest accumulated score" if self.refresh else
+                  f"H2O (refresh=False): at most {self.budget} candidates held between steps; the lowest "
+                  f"accumulated score is evicted for good")
+        return "\n".join([
+            f"dynamic component: {self.dynamic!r}",
+            f"static part: {self.static!r}",
+            f"dynamic region: the cells of {self.full!r} outside the static part; {cap}",
+            f"policy: {policy}",
+            analyze_fusion(self.score).summary(),
+        ])
+
+    def report(self) -> dict:
+        return {"static": repr(self.static), "region": repr(self.region), "budget": self.budget,
+                "refresh": self.refresh, "score": repr(self.dynamic.score), "capacity": self.capacity,
+                "head_shared_score": self.score.head_shared}
+
+
+def _region_capacity(c: ColumnShapes) -> int | None:
+    used = c.ever_used
+    if (c.forever & used).any():
+        return None
+    first_d = np.where(used, np.argmax(c.on, axis=1), 0)
+    last_d = c.last_finite
+    lmax = int(last_d[used].max())
+    n = c.T + lmax + 2 * c.P + 1
+    j = np.arange(n, dtype=np.int64)
+    s = c.shape_of(j)
+    u = used[s]
+    lo, hi = (j + first_d[s])[u], (j + last_d[s])[u]
+    delta = np.zeros(n + lmax + 2, dtype=np.int64)
+    np.add.at(delta, lo, 1)
+    np.add.at(delta, hi + 1, -1)
+    return int(np.cumsum(delta)[:n].max())
+
+
+def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan:
+    """Split `pattern` (with exactly one Dynamic component) and trace its score chain.
+
+    `max_len` is needed only when the region has no periodic description (then key lifetimes
+    are computed up to it). Raises `PatternError` for a pattern without a Dynamic, a Dynamic
+    under `~`, a non-causal pattern, an empty region, a budget larger than a bounded region,
+    or a bad score chain; `NotYetSupportedError` for several different Dynamic components.
+    """
+    if not isinstance(pattern, Pattern):
+        raise PatternError(f"plan_dynamic: expected a sas Pattern, got {type(pattern).__name__}")
+    dyns = []
+    for d in pattern.dynamics():
+        if d not in dyns:
+            dyns.append(d)
+    if not dyns:
+        raise PatternError(f"{pattern!r} has no Dynamic component; the static runtime handles it")
+    if len(dyns) > 1:
+        raise NotYetSupportedError(
+            f"{pattern!r} has {len(dyns)} different Dynamic components ({', '.join(map(repr, dyns))}); "
+            f"one Dynamic component per pattern is supported (the same Dynamic may appear several times)")
+    dyn = dyns[0]
+    _check_monotone(pattern)
+    static = substitute(pattern, dyn, _NOTHING)
+    full = substitute(pattern, dyn, _EVERYTHING)
+    region = And(full, Not(static))
+    st = structure(region)
+    cols: ColumnShapes | None = None
+    last_table = None
+    if st.periodic and structure(full).periodic:
+        bad = upper_triangle_clear(full, structure(full))
+        if bad is not None:
+            raise PatternError(f"{pattern!r} is not causal (query {bad[0]} may attend key {bad[1]}); dynamic "
+                               f"selection runs query by query: multiply the pattern by Causal()")
+        cols = column_shapes(region, st)
+        if not cols.ever_used.any():
+            raise PatternError(f"the Dynamic component of {pattern!r} covers no cell outside the static part: "
+                               f"its region is empty (intersect the Dynamic with the cells it should select from)")
+    else:
+        if max_len is None:
+            raise NotYetSupportedError(f"{pattern!r}: the dynamic region has no periodic description; pass "
+                                       f"max_len to analyse it up to a sequence length")
+        m_full = full.to_mask(max_len)
+        if np.triu(m_full, 1).any():
+            i, j = np.argwhere(np.triu(m_full, 1))[0]
+            raise PatternError(f"{pattern!r} is not causal (query {i} may attend key {j}); multiply it by Causal()")
+        m = region.to_mask(max_len)
+        if not m.any():
+            raise PatternError(f"the Dynamic component of {pattern!r} covers no cell outside the static part")
+        rows = np.arange(max_len)[:, None]
+        last_table = np.where(m.any(0), np.where(m, rows, -1).max(0), NEVER).astype(np.int64)
+    capacity = _region_capacity(cols) if cols is not None else None
+    if capacity is not None and dyn.budget > capacity:
+        raise PatternError(
+            f"Dynamic(budget={dyn.budget}) is larger than its region (the cells of {full!r} outside the "
+            f"static part {static!r}), which never holds more than {capacity} candidate keys at once; use "
+            f"Dynamic(budget=...) <= {capacity}")
+    score = trace_score(dyn.score)
+    return DynamicPlan(pattern, dyn, static, full, region, score, capacity, cols, max_len, last_table)
+
+
+__all__ = ["DynamicPlan", "plan_dynamic", "substitute", "FOREVER", "NEVER"]
