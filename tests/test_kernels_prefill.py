@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect  # noqa: E402
 from sas.codegen.triton_backend import PrefillOptions, prefill_module  # noqa: E402
-from sas.errors import KernelError, NotYetSupportedError, SASError  # noqa: E402
+from sas.errors import KernelError, SASError  # noqa: E402
 from sas.ir.tiles import tile_map  # noqa: E402
 from sas.runtime import SASAttnKernel  # noqa: E402
 
@@ -224,8 +224,8 @@ def test_constructor_errors():
         SASAttnKernel("causal")  # type: ignore[arg-type]
     with pytest.raises(KernelError, match="max_len"):
         SASAttnKernel(Causal(), max_len=0)
-    with pytest.raises(NotYetSupportedError, match="separate issue"):
-        SASAttnKernel(Diag(0, 8) + Diag(8, None) * Dynamic(budget=4))
+    with pytest.raises(SASError, match="budget"):
+        SASAttnKernel(Diag(0, 8) + Diag(8, 4) * Dynamic(budget=5))
     with pytest.raises(KernelError, match="other_inputs"):
         SASAttnKernel(Causal(), other_inputs={"not an id": torch.zeros(1)})
     with pytest.raises(KernelError, match="other_inputs"):

@@ -33,7 +33,7 @@ from sas.codegen.lower_triton import (
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "1"
+TEMPLATE_VERSION = "2"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -382,3 +382,69 @@ def decode_module(analysis, options: DecodeOptions = DecodeOptions(),
     if src is None:
         src = _rendered[key] = render_decode(analysis, options)
     return load_source(src, "sas_decode", directory)
+
+
+# --- dynamic patterns --------------------------------------------------------------------------
+
+
+def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
+    """Source of the standalone decode module of a dynamic pattern (a
+    `sas.dynamic.cache_plan.DynamicCachePlan`): attention over the static segment and the pool,
+    the split combine, and the update kernel (score, expiry, eviction, staging)."""
+    plan, static = cplan.plan, cplan.static_analysis
+    pos, key, slot = (ast.Name(n, ast.Load()) for n in ("pos", "key", "slot"))
+    if static is not None:
+        functions = static.functions
+        cache_id = find_function(functions, "cache_id_func")
+        mask = find_function(functions, "mask_func")
+        cid = lower_function(cache_id, ["pos"], {}, module=functions, prefix="cid_")
+        ecid = lower_function(cache_id, ["ekey"], {}, module=functions, prefix="ecid_")
+        kcid = lower_function(cache_id, ["key"], {}, module=functions, prefix="kcid_")
+        tcid = lower_function(cache_id, ["pos"], {}, module=functions, prefix="cid_", dialect="torch")
+        msk = lower_function(mask, ["slot", "pos"], {}, boolean=True, module=functions, prefix="msk_")
+        static_key = ast.unparse(functions)
+    else:
+        cid = ecid = kcid = LoweredFunction((), "-1")
+        tcid = LoweredFunction((), "-1")
+        msk = LoweredFunction((), "slot < 0")
+        static_key = "empty"
+    region_expr = lower_expr(plan.region.predicate(pos, key), {"pos": "pos", "key": "key"}, boolean=True)
+    fused = cplan.fused
+    key_digest = _digest(pattern_key(plan.pattern), cplan.max_len, cplan.pool_size, static_key,
+                         repr(fused), block_n, num_warps, TEMPLATE_VERSION)[:12]
+    return _render(
+        "dynamic_decode.py.jinja",
+        attn_kernel=check_identifier(f"sas_dyn_decode_{key_digest}", "kernel name"),
+        combine_kernel=check_identifier(f"sas_dyn_combine_{key_digest}", "kernel name"),
+        update_kernel=check_identifier(f"sas_dyn_update_{key_digest}", "kernel name"),
+        pattern_repr=_one_line(repr(plan.pattern)),
+        pattern_literal=repr(repr(plan.pattern)),
+        static_repr=_one_line(repr(plan.static)),
+        static_size=cplan.static_size,
+        pool_size=cplan.pool_size,
+        region_source=_one_line(ast.unparse(plan.region.predicate(pos, key))),
+        budget=plan.budget,
+        refresh=bool(plan.refresh),
+        score_repr=_one_line(repr(plan.dynamic.score)),
+        max_len=cplan.max_len,
+        max_entering=cplan.max_entering,
+        reduce=fused.reduce if fused else None,
+        reduce_literal=repr(fused.reduce if fused else None),
+        epilogue_expr=fused.triton_expr("x") if fused else "x",
+        block_n=block_n,
+        num_warps=num_warps,
+        cache_id_lines=cid.lines, cache_id_expr=cid.expr,
+        enter_cache_id_lines=ecid.lines, enter_cache_id_expr=ecid.expr,
+        torch_cache_id_lines=tcid.lines, torch_cache_id_expr=tcid.expr,
+        mask_lines=msk.lines, mask_expr=msk.expr,
+        region_expr=region_expr,
+        static_pred_lines=(),
+        static_pred_expr=(lower_expr(plan.static.predicate(pos, key), {"pos": "pos", "key": "key"}, boolean=True)
+                          if static is not None else "key < 0"),
+        key_cache_id_lines=kcid.lines, key_cache_id_expr=kcid.expr,
+        torch_region=lower_predicate(plan.region, "i", "j", dialect="torch"),
+    )
+
+
+def dynamic_decode_module(cplan, directory: Path | None = None) -> ModuleType:
+    return load_source(render_dynamic_decode(cplan), "sas_dyn_decode", directory)

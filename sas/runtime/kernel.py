@@ -76,12 +76,6 @@ class SASAttnKernel(torch.nn.Module):
             if not isinstance(value, torch.Tensor):
                 raise KernelError(f"SASAttnKernel: other_inputs[{name!r}] must be a torch.Tensor, "
                                   f"got {type(value).__name__}")
-        if pattern.dynamics():
-            raise NotYetSupportedError(
-                f"SASAttnKernel: the pattern has Dynamic components ({pattern.dynamics()[0]!r}); "
-                f"dynamic run-time selection is a separate issue, for now only static patterns "
-                f"(Rect, Diag and their combinations) compile"
-            )
         if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
             raise KernelError(f"SASAttnKernel: num_splits must be a positive integer or None, got {num_splits!r}")
         self.pattern = pattern
@@ -94,6 +88,18 @@ class SASAttnKernel(torch.nn.Module):
         self.decode_options = decode_options
         self.num_splits = num_splits
         self._cache_dir = cache_dir
+        #: the run-time selection of a pattern with a Dynamic component (sas.runtime.dynamic)
+        self.dynamic = None
+        if pattern.dynamics():
+            from sas.runtime.dynamic import DynamicRuntime
+
+            self.dynamic = DynamicRuntime(pattern, max_len, self.other_inputs, cache_dir)
+            self.causal = True
+            self.analysis = None
+            self.register_buffer("k_cache", None, persistent=False)
+            self.register_buffer("v_cache", None, persistent=False)
+            self.length = 0
+            return
         self.causal = is_causal(pattern, max_len)
         self._analysis_error: str | None = None
         if analysis is None and self.causal:
@@ -120,15 +126,22 @@ class SASAttnKernel(torch.nn.Module):
     @property
     def cache_size(self) -> int:
         """Slots of the compact KV cache per (batch, kv head)."""
+        if self.dynamic is not None:
+            return self.dynamic.cache_size
         self._need_decode("cache_size")
         return int(self.analysis.cache_size)
 
     def extra_repr(self) -> str:
         size = self.analysis.cache_size if self.analysis is not None else None
+        if self.dynamic is not None:
+            c = self.dynamic.cplan
+            size = f"{c.static_size} static + {c.pool_size} dynamic"
         return f"pattern={self.pattern!r}, max_len={self.max_len}, cache_size={size}, backend={self.backend!r}"
 
     # --- validation ------------------------------------------------------------------------
     def _need_decode(self, what: str) -> None:
+        if self.dynamic is not None:
+            return
         if not self.causal:
             raise KernelError(
                 f"{what}: the pattern {self.pattern!r} is not causal (some query attends a later "
@@ -240,6 +253,11 @@ class SASAttnKernel(torch.nn.Module):
                               f"has one query per key (use kernel(q, k, v) for suffix queries)")
         if self.causal and k.shape[2] > self.max_len:
             raise KernelError(f"{where}: prompt length {k.shape[2]} exceeds max_len={self.max_len}")
+        if self.dynamic is not None:
+            out = self.dynamic.prefill(q, k, v, self.prefill_options)
+            self.k_cache, self.v_cache = self.dynamic.state.k, self.dynamic.state.v
+            self.length = k.shape[2]
+            return out
         out = self._prefill(where, q, k, v)
         if self.causal and self.analysis is not None:
             self.k_cache, self.v_cache = self.new_cache(k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)
@@ -335,6 +353,17 @@ class SASAttnKernel(torch.nn.Module):
         self._need_decode(where)
         if self.k_cache is None:
             raise KernelError(f"{where}: no prompt yet; call kernel.prefill(q, k, v) before decode")
+        if self.dynamic is not None:
+            self._check_qkv(where, q, k, v)
+            if q.shape[2] != 1 or k.shape[2] != 1:
+                raise KernelError(f"{where}: decode takes one token: q [B, Hq, 1, D] and k, v [B, Hkv, 1, D], "
+                                  f"got q length {q.shape[2]} and k length {k.shape[2]}")
+            if self.length >= self.max_len:
+                raise KernelError(f"{where}: position {self.length} is past max_len={self.max_len}; build the "
+                                  f"kernel with a larger max_len")
+            out = self.dynamic.decode(q, k, v)
+            self.length += 1
+            return out
         out = self._decode(where, q, k, v, self.k_cache, self.v_cache, self.length)
         self.length += 1
         return out
@@ -349,6 +378,13 @@ class SASAttnKernel(torch.nn.Module):
                 past_v: torch.Tensor | None = None, *, position: int | None = None) -> torch.Tensor:
         """Prefill when no past caches are given, else one decode step at `position` (default:
         the kernel's own length when past_k/past_v are its own caches)."""
+        if self.dynamic is not None:
+            if past_k is not None or past_v is not None:
+                raise NotYetSupportedError(
+                    "SASAttnKernel: a pattern with a Dynamic component keeps per-head selection state "
+                    "beside its cache; use the stateful kernel.prefill(q, k, v) / kernel.decode(q, k, v) "
+                    "instead of caller-held past_k/past_v")
+            return self.prefill(q, k, v)
         if past_k is None and past_v is None:
             return self._prefill("SASAttnKernel", q, k, v)
         if past_k is None or past_v is None:

@@ -1,0 +1,199 @@
+"""The KV-cache layout of a dynamic pattern at run time (docs/dynamic.md, section 7).
+
+The compact cache of a pattern with a `Dynamic` component is two segments per (batch, KV head):
+
+- `static` slots `[0, C)`: the static part's own minimal cache (`sas.analyze(plan.static)`),
+  written through its `cache_id_func`, masked with its `mask_func`;
+- `pool` slots `[C, C + pool_size)`: the keys the dynamic selection holds, one key per slot,
+  with a per-slot key index and flags (held, loaded) that differ per (batch, KV head).
+
+A key reaches the pool when it becomes a candidate (`enter_at[j]`, the first query whose region
+row holds it). The runtime copies it there from its static slot at the end of the step before
+(the *handoff*), or writes it straight to the pool when it is a candidate from its own query on.
+So the static part must keep each key until the region takes it over: `enter_at[j] == j`, or
+the static part uses key `j` at `enter_at[j] - 1` or later. A key may be static and a candidate
+at once (a strided static part with the region in between): the kernels attend it through its
+static slot on static rows and through the pool on region rows, and its pool slot accumulates
+both. Patterns that leave a gap raise `NotYetSupportedError`; every static pattern plus H2O on
+what it leaves uncovered (paper Table 6) and H2O alone satisfy the condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sas.dynamic.fusion import analyze_fusion
+from sas.dynamic.plan import FOREVER, NEVER, DynamicPlan, plan_dynamic
+from sas.dynamic.trace import ScoreGraph
+from sas.errors import AnalysisError, NotYetSupportedError, PatternError
+from sas.lang.pattern import Pattern
+
+_ELEMENTWISE = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}
+
+
+@dataclass(frozen=True)
+class FusedScore:
+    """A score chain the kernels compute themselves: `attn_score()`, one reduction over the
+    (group head, query) axis, then elementwise arithmetic with constants (`epilogue`, applied
+    in order to the reduced value `x`: (op, constant, constant_on_left))."""
+
+    reduce: str                                   # "sum" | "mean" | "max"
+    epilogue: tuple[tuple[str, float, bool], ...]
+
+    def apply(self, x: Any) -> Any:
+        """The epilogue on a tensor (torch) or a Triton value: same operator order."""
+        for op, c, left in self.epilogue:
+            a, b = (c, x) if left else (x, c)
+            x = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
+        return x
+
+    def triton_expr(self, x: str) -> str:
+        for op, c, left in self.epilogue:
+            x = f"({c!r} {op} {x})" if left else f"({x} {op} {c!r})"
+        return x
+
+
+def fused_score(sg: ScoreGraph) -> FusedScore | None:
+    """The `FusedScore` form of a traced chain, or None when the chain needs the general
+    (torch) path: custom ops, external scores, pooling, top-k, reductions over KV heads."""
+    fusion = analyze_fusion(sg)
+    if not fusion.starts_with_attn_score or sg.extra_inputs or sg.head_shared or len(fusion.kernels) != 1:
+        return None
+    nodes = [n for n in sg.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(nodes) < 2 or nodes[0].meta.get("sas_source") != "attn_score":
+        return None
+    red = nodes[1]
+    kind = {"sum": "sum", "mean": "mean", "amax": "max"}.get(getattr(red.target, "__name__", ""))
+    if red.op != "call_function" or kind is None or red.kwargs.get("dim") != 2 or red.args[0] is not nodes[0]:
+        return None
+    epilogue = []
+    prev = red
+    for n in nodes[2:]:
+        name = getattr(n.target, "__name__", "")
+        if n.op != "call_function" or name not in _ELEMENTWISE or len(n.args) != 2 or n.kwargs:
+            return None
+        a, b = n.args
+        if a is prev and isinstance(b, (int, float)) and not isinstance(b, bool):
+            epilogue.append((_ELEMENTWISE[name], float(b), False))
+        elif b is prev and isinstance(a, (int, float)) and not isinstance(a, bool):
+            epilogue.append((_ELEMENTWISE[name], float(a), True))
+        else:
+            return None
+        prev = n
+    return FusedScore(kind, tuple(epilogue))
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicCachePlan:
+    """Static segment, pool and per-step schedule of a dynamic pattern up to `max_len`."""
+
+    plan: DynamicPlan
+    max_len: int
+    static_analysis: Any | None        # sas Analysis of plan.static; None when it is empty
+    pool_size: int                     # pool slots per (batch, KV head)
+    max_entering: int                  # most keys entering at one decode step
+    enter_at: np.ndarray = field(repr=False)      # [max_len] int64: first region query (-1: never)
+    region_last: np.ndarray = field(repr=False)   # [max_len] int64: last region query, clipped to max_len
+    enter_ptr: np.ndarray = field(repr=False)     # [max_len + 2] int32 CSR over queries
+    enter_keys: np.ndarray = field(repr=False)    # keys ordered by enter_at
+    fused: FusedScore | None = None
+
+    @property
+    def static_size(self) -> int:
+        return 0 if self.static_analysis is None else int(self.static_analysis.cache_size)
+
+    @property
+    def cache_size(self) -> int:
+        """Slots per (batch, KV head): static segment plus pool."""
+        return self.static_size + self.pool_size
+
+    def entering(self, i: int) -> np.ndarray:
+        """Keys that become candidates at query i."""
+        return self.enter_keys[self.enter_ptr[i]:self.enter_ptr[i + 1]]
+
+    def report(self) -> dict[str, Any]:
+        return {"static_slots": self.static_size, "pool_slots": self.pool_size, "budget": self.plan.budget,
+                "refresh": self.plan.refresh, "max_entering_per_step": self.max_entering,
+                "score_path": "fused kernel" if self.fused else "torch (general chain)"}
+
+
+def _first_and_last(plan: DynamicPlan, n: int) -> tuple[np.ndarray, np.ndarray]:
+    j = np.arange(n, dtype=np.int64)
+    if plan.columns is not None:
+        c = plan.columns
+        s = c.shape_of(j)
+        used = c.ever_used[s]
+        first = np.where(used, j + np.argmax(c.on, axis=1)[s], NEVER)
+    else:
+        m = plan.region.to_mask(n)
+        rows = np.arange(n)[:, None]
+        used = m.any(axis=0)
+        first = np.where(used, np.where(m, rows, n).min(axis=0), NEVER)
+    last = plan.region_last_use(j)
+    first = np.where(first >= n, NEVER, first)
+    last = np.where(first < 0, NEVER, np.minimum(last, n))
+    return first, last
+
+
+def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicCachePlan:
+    """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
+        raise PatternError(f"max_len must be a positive integer, got {max_len!r}")
+    plan = pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)
+    from sas.analysis.analyze import analyze
+
+    try:
+        static = analyze(plan.static, max_len=max_len)
+    except AnalysisError as e:
+        if "empty" not in str(e):
+            raise
+        static = None
+    n = max_len
+    first, last = _first_and_last(plan, n)
+    j = np.arange(n, dtype=np.int64)
+    if static is not None:
+        try:
+            s_last = np.asarray(static.last_use(j), dtype=np.int64)
+        except AnalysisError:
+            m = plan.static.to_mask(n)
+            s_last = np.where(m.any(axis=0), np.where(m, np.arange(n)[:, None], -1).max(axis=0), -1)
+        if static.tables:
+            raise NotYetSupportedError(
+                f"the static part {plan.static!r} needs table-driven cache functions at max_len={n}; the "
+                f"dynamic runtime needs closed forms (choose max_len as a multiple of the pattern's period)")
+    else:
+        s_last = np.full(n, -1, dtype=np.int64)
+    cand = first >= 0
+    ok = (first == j) | (s_last >= first - 1)
+    bad = np.flatnonzero(cand & ~ok)
+    if bad.size:
+        k = int(bad[0])
+        raise NotYetSupportedError(
+            f"{plan.pattern!r}: key {k} becomes a dynamic candidate at query {int(first[k])} but the static "
+            f"part {'last uses it at query ' + str(int(s_last[k])) if s_last[k] >= 0 else 'never uses it'}; "
+            f"the runtime copies a key from the static cache to the dynamic pool when it becomes a candidate, "
+            f"so the region must start before the static part lets the key go (e.g. Diag(0, W) + Diag(W, None) * Dynamic(...), or "
+            f"static + (Causal() * ~static) * Dynamic(...))")
+    keys = np.flatnonzero(cand)
+    order = np.argsort(first[keys], kind="stable")
+    enter_keys = keys[order].astype(np.int32)
+    counts = np.bincount(first[keys], minlength=n + 1)[: n + 1]
+    enter_ptr = np.zeros(n + 2, dtype=np.int32)
+    enter_ptr[1:] = np.cumsum(counts)
+    max_entering = int(counts[1:n].max()) if n > 1 else 0
+    if plan.refresh:
+        delta = np.zeros(n + 2, dtype=np.int64)
+        np.add.at(delta, first[keys], 1)
+        np.add.at(delta, np.minimum(last[keys], n) + 1, -1)
+        pool = int(np.cumsum(delta)[:n].max())
+    else:
+        pool = plan.budget + max(1, max_entering)
+    pool = max(1, pool)
+    return DynamicCachePlan(plan, n, static, pool, max(1, max_entering), first, last, enter_ptr, enter_keys,
+                            fused_score(plan.score))
+
+
+__all__ = ["DynamicCachePlan", "FusedScore", "dynamic_cache_plan", "fused_score", "FOREVER"]

@@ -1,0 +1,197 @@
+"""The dynamic runtime's Triton kernels (prefill with memoized scores, decode with the static
+segment + pool, the update kernel) against the independent plain-Python H2O reference of
+tests/test_dynamic_h2o.py, on the CPU under TRITON_INTERPRET=1: same outputs, and exactly the
+same held key set after every step."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sas import Causal, Diag, Dynamic, Rect, ops
+from sas.dynamic import dynamic_attention_reference
+from sas.dynamic.cache_plan import dynamic_cache_plan, fused_score
+from sas.errors import KernelError, NotYetSupportedError, SASError
+from sas.runtime import SASAttnKernel
+from test_dynamic_h2o import TABLE1, plain_h2o, region_last_use
+
+DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    old = os.environ.get("SAS_CACHE_DIR")
+    os.environ["SAS_CACHE_DIR"] = str(tmp_path_factory.mktemp("sas_cache_dyn"))
+    yield
+    if old is None:
+        os.environ.pop("SAS_CACHE_DIR", None)
+    else:
+        os.environ["SAS_CACHE_DIR"] = old
+
+
+def qkv(B, Hq, Hkv, N, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, Hq, N, D, generator=g, dtype=torch.float64),
+            torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64),
+            torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64))
+
+
+def run_kernel(pattern, q, k, v, prefill, *, dtype=torch.float32, max_len=64, other_inputs=None):
+    """Prefill then one decode step per remaining token; returns the outputs [B, Hq, N, D] and
+    the held key sets after each step (as the reference's records)."""
+    ker = SASAttnKernel(pattern, other_inputs=other_inputs, max_len=max_len)
+    cast = lambda t: t.to(dtype).to(DEV)  # noqa: E731
+    N = q.shape[2]
+    outs = [ker.prefill(cast(q[:, :, :prefill]), cast(k[:, :, :prefill]), cast(v[:, :, :prefill]))]
+    held = [ker.dynamic.held_keys()]
+    for i in range(prefill, N):
+        outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
+        held.append(ker.dynamic.held_keys())
+    return torch.cat(outs, dim=2).double().cpu(), held, ker
+
+
+def check(static, region, dyn, *, N=26, prefill=9, B=2, Hq=4, Hkv=2, D=16, seed=0):
+    pattern = static + region * dyn
+    q, k, v = qkv(B, Hq, Hkv, N, D, seed)
+    long = N + 96
+    S = static.to_mask(N)
+    full = pattern.to_mask(long)
+    R_long = full & ~static.to_mask(long)
+    want_out, held_log, _ = plain_h2o(S.tolist(), R_long[:N, :N].tolist(), region_last_use(R_long, N),
+                                      dyn.budget, dyn.refresh, q, k, v, prefill)
+    got_out, held, ker = run_kernel(pattern, q, k, v, prefill)
+    want_held = [[[list(t) for t in per_b] for per_b in step] for step in held_log]
+    assert held == want_held
+    torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4)
+    return ker
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize("prefill", [1, 9])
+def test_window_plus_h2o(refresh, prefill):
+    ker = check(Diag(0, 4), Diag(4, None), Dynamic(budget=3, refresh=refresh), prefill=prefill, seed=prefill)
+    assert ker.dynamic.cplan.static_size == 4
+
+
+def test_h2o_alone_every_key_a_candidate_at_once():
+    # the static part is empty: each new key goes straight to the pool
+    pattern = Causal() * Dynamic(budget=5)
+    q, k, v = qkv(2, 4, 2, 24, 16, 3)
+    N, P = 24, 7
+    R = pattern.to_mask(N + 96)
+    want_out, held_log, _ = plain_h2o(np.zeros((N, N), bool).tolist(), R[:N, :N].tolist(),
+                                      region_last_use(R, N), 5, False, q, k, v, P)
+    got_out, held, ker = run_kernel(pattern, q, k, v, P)
+    assert ker.dynamic.cplan.static_size == 0
+    assert held == [[[list(t) for t in per_b] for per_b in step] for step in held_log]
+    torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4)
+
+
+def test_bounded_region_expires_keys():
+    # Fig. 7a: keys leave the region 6 queries after they entered it
+    check(Diag(0, 2), Diag(2, 6), Dynamic(budget=2), N=24, prefill=5, seed=11)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+@pytest.mark.parametrize("refresh", [False, True])
+def test_table1_static_plus_h2o(name, refresh):
+    """Paper Table 6: each Table-1 pattern plus H2O on the region it leaves uncovered."""
+    static = TABLE1[name]
+    check(static, Causal() * ~static, Dynamic(budget=3, refresh=refresh), N=26, prefill=9, seed=len(name))
+
+
+def test_max_reduction_and_epilogue_fused():
+    score = ops.attn_score().max(dim=1) * 2.0 + 0.5
+    pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=score)
+    assert fused_score(dynamic_cache_plan(pattern, 64).plan.score) is not None
+    q, k, v = qkv(1, 4, 2, 22, 16, 5)
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=6)
+    got, held, _ = run_kernel(pattern, q, k, v, 6)
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("score", [
+    ops.attn_score().sum(dim=1).pooling(3, "max"),          # pooling: a second kernel, torch path
+    ops.attn_score().mean(dim=1).topk(2),                    # top-k vote
+    ops.attn_score().sum(dim=1).sum(dim=0),                  # shared by every KV head
+])
+def test_general_chains_run_their_traced_graph(score):
+    pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=score)
+    assert fused_score(dynamic_cache_plan(pattern, 64).plan.score) is None
+    q, k, v = qkv(2, 4, 2, 22, 16, 6)
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=7)
+    got, held, _ = run_kernel(pattern, q, k, v, 7)
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
+
+
+def test_external_scores_from_other_inputs():
+    N = 20
+    draft = torch.rand(1, 2, N, N, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
+    q, k, v = qkv(1, 2, 1, N, 16, 2)
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=5, other_inputs={"draft": draft})
+    got, held, _ = run_kernel(pattern, q, k, v, 5, other_inputs={"draft": draft.float().to(DEV)})
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_gqa_batch_head_dim_64():
+    pattern = (Diag(0, 8) + Rect(cols=(0, 2))) * Causal()
+    pattern = pattern + (Causal() * ~pattern) * Dynamic(budget=6)
+    q, k, v = qkv(2, 4, 2, 30, 64, 9)
+    res = dynamic_attention_reference(pattern, q.bfloat16().double(), k.bfloat16().double(),
+                                      v.bfloat16().double(), prefill_len=12)
+    got, held, ker = run_kernel(pattern, q, k, v, 12, dtype=torch.bfloat16)
+    assert (got - res.out).abs().max() < 3e-2
+    assert ker.cache_size == ker.dynamic.cplan.static_size + ker.dynamic.cplan.pool_size
+    assert ker.kv_cache_bytes() < ker.dense_kv_cache_bytes()
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+def test_caller_held_caches_are_refused_for_dynamic_patterns():
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=32)
+    q = torch.randn(1, 1, 1, 16)
+    with pytest.raises(NotYetSupportedError, match="stateful"):
+        ker(q, q, q, torch.zeros(1, 1, 8, 16), torch.zeros(1, 1, 8, 16), position=3)
+
+
+def test_decode_before_prefill_and_past_max_len():
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=8)
+    x = torch.randn(1, 1, 1, 16)
+    with pytest.raises(KernelError, match="prefill"):
+        ker.decode(x, x, x)
+    p = torch.randn(1, 1, 8, 16)
+    ker.prefill(p, p, p)
+    with pytest.raises(KernelError, match="max_len"):
+        ker.decode(x, x, x)
+
+
+def test_missing_other_inputs_named():
+    pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
+    with pytest.raises(KernelError, match="'draft'"):
+        SASAttnKernel(pattern, max_len=32)
+
+
+def test_other_inputs_on_another_device_named():
+    pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
+    ker = SASAttnKernel(pattern, max_len=32, other_inputs={"draft": torch.zeros(1, 1, 32, 32, device="meta")})
+    x = torch.randn(1, 1, 8, 16, device=DEV)
+    with pytest.raises(KernelError, match=r"'draft'\] is on meta"):
+        ker.prefill(x, x, x)
+
+
+def test_region_that_does_not_follow_the_static_part_is_refused():
+    # keys enter the region 3 queries after the static part last used them: a gap
+    with pytest.raises(NotYetSupportedError, match="static part"):
+        SASAttnKernel(Diag(0, 2) + Diag(5, None) * Dynamic(budget=2), max_len=32)
+
+
+def test_budget_larger_than_region():
+    with pytest.raises(SASError, match="budget"):
+        SASAttnKernel(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), max_len=32)
