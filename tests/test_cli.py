@@ -86,6 +86,184 @@ def test_inspect_table_fallback_abbreviates_tables(tmp_path):
     assert max(len(line) for line in r.stdout.splitlines()) < 400
 
 
+# --- inspect: patterns with a Dynamic component ---------------------------------------------
+
+WINDOW_H2O = ("from sas import ops\n"
+              "pattern = Diag(0, 64) + Diag(64, None) * Dynamic(budget=32, score=ops.attn_score().sum(dim=1))")
+
+
+def test_inspect_dynamic_window_h2o_text(tmp_path):
+    r = run("inspect", script(tmp_path, WINDOW_H2O), "--max-len", "1K")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "KV cache:     96 slots = 64 static + 32 dynamic (dense: 1024; 10.7x smaller" in out
+    assert "region bound: 1024 slots" in out          # the Dynamic analysed as its whole region
+    # what SASAttnKernel allocates: the pool also holds the key entering during a decode step
+    assert "kernel cache: 97 slots = 64 static + 33 pool" in out and "score: fused kernel" in out
+    assert "static:     Diag(offset=0, size=64)" in out
+    assert "budget:     32" in out and "refresh:    False (H2O)" in out
+    assert "capacity:   unbounded" in out
+    # the traced torch.fx graph and its code
+    assert "score graph (torch.fx" in out and "graph():" in out
+    assert "%sum_1 : [num_users=1] = call_function[target=torch.sum]" in out
+    assert "%attn_score" in out and "def forward(self, attn_probs, q, k):" in out
+    # the fusion plan
+    assert "inter-kernel memoization: yes" in out and "row max m" in out
+    assert "kernels: 1" in out and "#0 (score source): attn_score [source] -> sum_1 [reduce]" in out
+    assert "elementwise chains fused: none" in out
+    # the static part's own analysis and functions
+    assert "static part analysis (sas.analyze(Diag(offset=0, size=64)))" in out
+    assert "64 static slots" in out and "slot scheme:  ring (closed form)" in out
+    assert "return token_id % 64" in out and "def mask_func(cache_id, token_id)" in out
+
+
+def test_inspect_dynamic_window_h2o_json(tmp_path):
+    from sas.dynamic import plan_dynamic
+
+    path = script(tmp_path, WINDOW_H2O)
+    r = run("inspect", path, "--max-len", "1024", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["dynamic"] is True and rep["max_len"] == 1024 and rep["dense_cache_size"] == 1024
+    assert (rep["static_cache_size"], rep["dynamic_cache_size"], rep["cache_size"]) == (64, 32, 96)
+    assert rep["region_bound_cache_size"] == 1024 and rep["loaded_per_step"] == 96
+    kc = rep["kernel_cache"]
+    assert (kc["static_slots"], kc["pool_slots"], kc["cache_size"], kc["max_entering_per_step"]) == (64, 33, 97, 1)
+    # the same numbers as the library computes them
+    from sas.lang.loader import load_pattern
+
+    p = load_pattern(path)
+    plan = plan_dynamic(p, max_len=1024)
+    assert analyze(plan.static, max_len=1024).cache_size == rep["static_analysis"]["cache_size"] == 64
+    assert analyze(p, max_len=1024).cache_size == rep["region_bound_analysis"]["cache_size"] == 1024
+    split = rep["split"]
+    assert split["static"] == "Diag(offset=0, size=64)" and split["budget"] == 32
+    assert split["refresh"] is False and split["policy"] == "h2o" and split["capacity"] is None
+    g = rep["score_graph"]
+    assert "torch.sum" in g["graph"] and "def forward" in g["code"]
+    nodes = {n["name"]: n for n in g["nodes"]}
+    assert nodes["sum_1"]["kind"] == "reduce" and nodes["sum_1"]["chain_op"] == "reduce(dim=1, kind='sum')"
+    assert nodes["attn_score"]["kind"] == "source"
+    f = rep["fusion"]
+    assert f["memoize_softmax"] is True and f["starts_with_attn_score"] is True
+    assert [k["nodes"] for k in f["kernels"]] == [["attn_score", "sum_1"]]
+    assert f["elementwise_chains"] == [] and "kernels: 1" in f["summary"]
+
+
+def test_inspect_dynamic_pooling_chain_has_two_kernels(tmp_path):
+    path = script(tmp_path, "from sas import ops\n"
+                            "pattern = Diag(0, 8) + Diag(8, None) * Dynamic(budget=4, "
+                            "score=(ops.attn_score().sum(dim=1) * 2.0).pooling(kernel_size=3) + 1.0)")
+    r = run("inspect", path, "--max-len", "256")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "12 slots = 8 static + 4 dynamic" in out
+    assert "kernels: 2" in out and "%pool_keys" in out
+    assert ("#1 (pooling needs neighbouring keys' scores across key blocks): "
+            "pool_keys [pool] -> add [elementwise]") in out
+    assert "mul: epilogue of sum_1 (kernel #0)" in out and "add: epilogue of pool_keys (kernel #1)" in out
+    rep = json.loads(run("inspect", path, "--max-len", "256", "--json").stdout)
+    assert len(rep["fusion"]["kernels"]) == 2 and rep["fusion"]["memoize_softmax"] is True
+    assert [c["nodes"] for c in rep["fusion"]["elementwise_chains"]] == [["mul"], ["add"]]
+
+
+def test_inspect_dynamic_empty_static_part():
+    # Causal() * Dynamic(budget=2): nothing is static, the whole causal triangle is the region
+    r = run("inspect", EXAMPLES / "fig3c_dynamic.py", "--max-len", "1K")
+    assert r.exit_code == 0, r.output
+    assert "KV cache:     2 slots = 0 static + 2 dynamic (dense: 1024" in r.stdout
+    assert "static:     (empty)" in r.stdout and "region bound: 1024 slots" in r.stdout
+    assert "static part: empty: 0 static slots" in r.stdout
+    rep = json.loads(run("inspect", EXAMPLES / "fig3c_dynamic.py", "--max-len", "1K", "--json").stdout)
+    assert (rep["static_cache_size"], rep["dynamic_cache_size"], rep["cache_size"]) == (0, 2, 2)
+    assert rep["static_analysis"] is None and rep["region_bound_cache_size"] == 1024
+
+
+def test_inspect_dynamic_static_part_empty_but_not_folded(tmp_path):
+    # analyze() refuses the (empty) static part; inspect reports 0 static slots
+    path = script(tmp_path, "from sas import ops\n"
+                            "pattern = Diag(0, 2) * Diag(5, 1) + Causal() * Dynamic(budget=4, "
+                            "score=ops.attn_score().sum(dim=1))")
+    r = run("inspect", path, "--max-len", "256", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["static_cache_size"] == 0 and rep["cache_size"] == 4 and rep["static_analysis"] is None
+
+
+def test_inspect_dynamic_sas_file_bounded_region():
+    r = run("inspect", EXAMPLES / "window_h2o.sas", "--max-len", "64")
+    assert r.exit_code == 0, r.output
+    assert "4 slots = 2 static + 2 dynamic (dense: 64" in r.stdout
+    assert "region bound: 8 slots" in r.stdout and "capacity:   6 candidate keys at most at once" in r.stdout
+
+
+def test_inspect_dynamic_refresh_keeps_every_candidate(tmp_path):
+    path = script(tmp_path, "from sas import ops\n"
+                            "pattern = Diag(0, 16) + Rect(cols=(0, 4)) * Causal() + Diag(16, None) * Dynamic("
+                            "budget=8, score=ops.attn_score().sum(dim=1), refresh=True)")
+    r = run("inspect", path, "--max-len", "512", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["static_cache_size"] == 20 and rep["region_bound_cache_size"] == 512
+    assert rep["cache_size"] == 512 and rep["dynamic_cache_size"] == 492 and rep["loaded_per_step"] == 28
+    assert rep["split"]["policy"] == "refresh"
+    out = run("inspect", path, "--max-len", "512").stdout
+    assert "loaded:       28 keys per decode query = 20 static + 8 selected (budget)" in out
+
+
+def test_inspect_dynamic_custom_registered_op(tmp_path):
+    path = tmp_path / "custom.py"
+    path.write_text(
+        "import torch\n"
+        "import sas\n"
+        "from sas import Diag, Dynamic\n\n"
+        "@sas.ops.register\n"
+        "def cli_proj_score():\n"
+        "    q = sas.sym.active_Q\n"
+        "    w = sas.sym.custom_weight(name='wgt', shape=('D', 'Lk'))\n"
+        "    return torch.matmul(q, w).relu()\n\n"
+        "pattern = Diag(0, 16) + Diag(16, None) * Dynamic(budget=8, score=sas.ops.cli_proj_score().sum(dim=1))\n")
+    r = run("inspect", path, "--max-len", "256")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "24 slots = 16 static + 8 dynamic" in out
+    assert "score=cli_proj_score().reduce(dim=1, kind='sum')" in out
+    assert "%w_wgt : [num_users=1] = placeholder[target=w_wgt]" in out
+    assert "call_function[target=torch.matmul](args = (%q, %w_wgt)" in out
+    assert "call_method[target=relu]" in out and "score_ops.fold_heads" in out
+    assert "def forward(self, attn_probs, q, k, w_wgt):" in out
+    assert "custom weight 'wgt' ['D', 'Lk']" in out
+    assert "inter-kernel memoization: no" in out
+    assert "#0 (custom operation with no fusion rule): matmul [opaque] -> relu [elementwise]" in out
+    rep = json.loads(run("inspect", path, "--max-len", "256", "--json").stdout)
+    assert rep["fusion"]["memoize_softmax"] is False
+    assert {n["chain_op"] for n in rep["score_graph"]["nodes"] if n["name"] in ("matmul", "relu")} == \
+        {"cli_proj_score()"}
+
+
+def test_inspect_static_json_says_not_dynamic():
+    rep = json.loads(run("inspect", EXAMPLES / "sliding_window.py", "--max-len", "4K", "--json").stdout)
+    assert rep["dynamic"] is False and rep["cache_size"] == 1024
+
+
+@pytest.mark.parametrize("body,fragments", [
+    ("pattern = Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7, score=ops.attn_score().sum(dim=1))",
+     ("budget=7", "<= 6")),
+    ("pattern = Diag(0, 2) + Diag(2, 6) * Dynamic(budget=2, score=ops.attn_score())",
+     ("one score per key", "reduce the query axis")),
+    ("pattern = Causal() * ~Dynamic(budget=2, score=ops.attn_score().sum(dim=1))", ("'~'",)),
+    ("pattern = Diag(-2, 5) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1))", ("not causal",)),
+    ("pattern = Causal() * Dynamic(budget=2, score=ops.attn_score().sum(dim=1)) "
+     "+ Causal() * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))", ("2 different Dynamic",)),
+    ("pattern = Causal() * Dynamic(budget=2, score=ops.attn_score().sample(n=2, method='systematic'), "
+     "refresh=True)", ("not executable yet",)),
+])
+def test_inspect_dynamic_errors(tmp_path, body, fragments):
+    path = script(tmp_path, "from sas import ops\n" + body)
+    for extra in ((), ("--json",)):
+        assert_error(run("inspect", path, "--max-len", "256", *extra), *fragments)
+
+
 @pytest.mark.parametrize("text,value", [("16384", 16384), ("16K", 16384), ("16k", 16384), ("1M", 1 << 20),
                                         (" 2K ", 2048), (7, 7)])
 def test_parse_length(text, value):
@@ -280,3 +458,13 @@ def test_plot_trace_uses_events_and_window_slots(name):
     state, rows, source, warnings = kv_trace(a, w)
     assert source == "the cache events" and not warnings
     assert (rows == slots).all() and (state == full[slots]).all()
+
+
+def test_inspect_dynamic_pattern_the_kernels_cannot_run_says_why(tmp_path):
+    # the region starts 3 queries after the static part lets its keys go: analysable, but the
+    # run-time handoff from the static cache to the pool has nothing to copy from
+    r = run("inspect", script(tmp_path, "pattern = Diag(0, 2) + Diag(5, None) * Dynamic(budget=2)"),
+            "--max-len", "64")
+    assert r.exit_code == 0, r.output
+    assert "kernel cache: none: SASAttnKernel cannot run this pattern" in r.stdout
+    assert "becomes a dynamic candidate at query" in r.stdout

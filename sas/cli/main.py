@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -129,12 +130,19 @@ def _ratio(cache: int, dense: int) -> str:
 
 def format_inspect(a: Any) -> str:
     """The human-readable report of an `Analysis`."""
-    s = a.structure
     lines = [
         f"pattern:      {a.pattern!r}",
         f"max_len:      {a.max_len}",
         f"KV cache:     {a.cache_size} slots (dense: {a.max_len}; {_ratio(a.cache_size, a.max_len)})",
     ]
+    lines += _analysis_body(a)
+    return "\n".join(lines) + "\n"
+
+
+def _analysis_body(a: Any) -> list[str]:
+    """Everything `format_inspect` prints after the KV-cache line."""
+    s = a.structure
+    lines: list[str] = []
     if getattr(a, "peak_query", 0):
         lines.append(f"peak at:      query {a.peak_query}")
     form = "closed form" if a.closed_form else "per-token table, no closed form"
@@ -157,6 +165,206 @@ def format_inspect(a: Any) -> str:
     lines.append("synthesized functions:")
     lines.append("")
     lines += ["    " + ln if ln else "" for ln in abbreviate_tables(a.source).splitlines()]
+    return lines
+
+
+# --- inspect, patterns with a Dynamic component -------------------------------------------
+
+@dataclass
+class DynamicInspection:
+    """What `sas inspect` derives for a pattern with a Dynamic component.
+
+    `plan` is the split of `sas.dynamic.plan_dynamic`; `static` the static analysis of
+    `plan.static` (None when the static part is empty: 0 static slots); `bound` the analysis of
+    the whole pattern, the Dynamic read as its full region (the region-as-static upper bound);
+    `fusion` the fusion plan of the traced score graph.
+    """
+
+    pattern: Any
+    max_len: int
+    plan: Any
+    static: Any
+    bound: Any
+    fusion: Any
+    #: the run-time layout (`sas.dynamic.cache_plan.DynamicCachePlan`), or why there is none
+    runtime: Any = None
+    runtime_error: str | None = None
+
+    @property
+    def static_cache_size(self) -> int:
+        return self.static.cache_size if self.static is not None else 0
+
+    @property
+    def cache_size(self) -> int:
+        """Slots the decode cache needs: static + budget (H2O); refresh=True keeps every
+        candidate cached, which is the region bound."""
+        if self.plan.refresh:
+            return self.bound.cache_size
+        return self.static_cache_size + self.plan.budget
+
+    @property
+    def dynamic_cache_size(self) -> int:
+        return self.cache_size - self.static_cache_size
+
+    @property
+    def loaded_per_step(self) -> int:
+        """Cached keys a decode query may read at most: the static slots and `budget` selected ones."""
+        return self.static_cache_size + self.plan.budget
+
+    def notes(self) -> list[str]:
+        plan, out = self.plan, []
+        if plan.refresh:
+            out.append(f"refresh=True: no candidate is ever evicted, so the cache holds the whole region "
+                       f"(the region bound, {self.bound.cache_size} slots); each decode query loads the "
+                       f"{plan.budget} candidates with the highest accumulated score")
+        else:
+            out.append(f"H2O (refresh=False): the dynamic cache holds {plan.budget} keys (the budget) between "
+                       f"decode steps, plus the keys entering the region while a step runs")
+            if self.cache_size > self.bound.cache_size:
+                out.append(f"static + budget ({self.cache_size}) exceeds the region bound "
+                           f"({self.bound.cache_size}): within max_len={self.max_len} the region never holds "
+                           f"{plan.budget} candidates beside the static keys")
+        if self.static is None:
+            out.append("the static part is empty: every cached key is chosen by the Dynamic component")
+        if plan.capacity is None:
+            out.append("the dynamic region is unbounded: its candidates grow with the sequence length")
+        return out
+
+    def report(self) -> dict[str, Any]:
+        plan, sg = self.plan, self.plan.score
+        split = dict(plan.report())
+        split.update({"component": repr(plan.dynamic), "full": repr(plan.full),
+                      "policy": "refresh" if plan.refresh else "h2o"})
+        fusion = dict(self.fusion.report())
+        fusion["summary"] = self.fusion.summary()
+        return {
+            "pattern": repr(self.pattern),
+            "max_len": self.max_len,
+            "dynamic": True,
+            "cache_size": self.cache_size,
+            "static_cache_size": self.static_cache_size,
+            "dynamic_cache_size": self.dynamic_cache_size,
+            "loaded_per_step": self.loaded_per_step,
+            "dense_cache_size": self.max_len,
+            "region_bound_cache_size": self.bound.cache_size,
+            "kernel_cache": (dict(self.runtime.report(), cache_size=self.runtime.cache_size)
+                             if self.runtime is not None else {"error": self.runtime_error}),
+            "split": split,
+            "score_graph": {
+                "chain": repr(sg.chain),
+                "graph": str(sg.graph).strip("\n"),
+                "code": _fx_code(sg),
+                "nodes": [_fx_node(n) for n in sg.graph.nodes],
+            },
+            "fusion": fusion,
+            "static_analysis": self.static.report() if self.static is not None else None,
+            "region_bound_analysis": self.bound.report(),
+            "notes": self.notes(),
+        }
+
+
+def _fx_code(sg: Any) -> str:
+    return "\n".join(ln.rstrip() for ln in sg.code.strip("\n").splitlines()).strip("\n")
+
+
+def _fx_node(n: Any) -> dict[str, Any]:
+    return {"name": n.name, "op": n.op, "kind": n.meta.get("sas_kind"), "chain_op": n.meta.get("sas_op"),
+            "fx": n.format_node()}
+
+
+def _analyze_static(static: Any, max_len: int) -> Any:
+    """`sas.analyze(static)`, or None when the static part is empty (0 static slots).
+
+    `plan_dynamic` folds an empty static part (`Causal() * Dynamic(...)`) into `~Rect()`;
+    `analyze` refuses a pattern that attends no key ('... it is empty'), which is caught here
+    and only here: every other analysis error is the user's.
+    """
+    from sas.errors import AnalysisError
+    from sas.lang.pattern import Not
+    from sas.lang.primitives import Rect
+
+    if static == Not(Rect()):
+        return None
+    try:
+        return _analyze(static, max_len)
+    except AnalysisError as e:
+        if "attends no key" in str(e):
+            return None
+        raise
+
+
+def inspect_dynamic(pattern: Any, max_len: int) -> DynamicInspection:
+    """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic."""
+    from sas.dynamic import analyze_fusion, plan_dynamic
+
+    from sas.dynamic.cache_plan import dynamic_cache_plan
+    from sas.errors import NotYetSupportedError
+
+    plan = plan_dynamic(pattern, max_len=max_len)
+    bound = _analyze(pattern, max_len)
+    static = _analyze_static(plan.static, max_len)
+    try:
+        runtime, why = dynamic_cache_plan(plan, max_len), None
+    except NotYetSupportedError as e:
+        runtime, why = None, str(e)
+    return DynamicInspection(pattern, max_len, plan, static, bound, analyze_fusion(plan.score), runtime, why)
+
+
+def format_dynamic_inspect(d: DynamicInspection) -> str:
+    """The human-readable report of a pattern with a Dynamic component."""
+    plan, n = d.plan, d.max_len
+    cap = (f"{plan.capacity} candidate keys at most at once" if plan.capacity is not None
+           else "unbounded (the region's candidates grow with the sequence length)")
+    policy = (f"True: every candidate stays cached; each decode query loads the {plan.budget} with the "
+              f"highest accumulated score" if plan.refresh else
+              f"False (H2O): at most {plan.budget} candidates held between steps; the lowest accumulated "
+              f"score is evicted for good")
+    lines = [
+        f"pattern:      {d.pattern!r}",
+        f"max_len:      {n}",
+        f"KV cache:     {d.cache_size} slots = {d.static_cache_size} static + {d.dynamic_cache_size} dynamic "
+        f"(dense: {n}; {_ratio(d.cache_size, n)})",
+    ]
+    if plan.refresh:
+        lines.append(f"loaded:       {d.loaded_per_step} keys per decode query = {d.static_cache_size} static "
+                     f"+ {plan.budget} selected (budget)")
+    if d.runtime is not None:
+        c = d.runtime
+        lines.append(f"kernel cache: {c.cache_size} slots = {c.static_size} static + {c.pool_size} pool "
+                     f"(SASAttnKernel; the pool also holds the up to {c.max_entering} keys entering "
+                     f"during one decode step; score: {c.report()['score_path']})")
+    else:
+        lines.append(f"kernel cache: none: SASAttnKernel cannot run this pattern: {d.runtime_error}")
+    lines += [
+        f"region bound: {d.bound.cache_size} slots when the Dynamic region is cached as if static "
+        f"(sas.analyze of the whole pattern; {_ratio(d.bound.cache_size, n)})",
+        "",
+        "dynamic split (sas.dynamic.plan_dynamic):",
+        f"  component:  {plan.dynamic!r}",
+        f"  static:     {'(empty)' if d.static is None else repr(plan.static)}",
+        f"  region:     {plan.full!r}  (all of it: the static part is empty)" if d.static is None
+        else f"  region:     {plan.region!r}",
+        f"  budget:     {plan.budget}",
+        f"  refresh:    {policy}",
+        f"  capacity:   {cap}",
+        "",
+        f"notes ({len(d.notes())}):",
+    ]
+    lines += [f"  - {x}" for x in d.notes()]
+    lines += ["", f"score graph (torch.fx, traced from {plan.score.chain!r}):"]
+    lines += ["    " + ln if ln else "" for ln in str(plan.score.graph).strip("\n").splitlines()]
+    lines.append("")
+    lines += ["    " + ln if ln else "" for ln in _fx_code(plan.score).splitlines()]
+    lines += ["", "fusion plan (sas.dynamic.analyze_fusion):"]
+    lines += ["  " + ln for ln in d.fusion.summary().splitlines()]
+    lines.append("")
+    if d.static is None:
+        lines.append("static part: empty: 0 static slots, no static cache functions")
+    else:
+        a = d.static
+        lines.append(f"static part analysis (sas.analyze({plan.static!r})):")
+        lines.append(f"KV cache:     {a.cache_size} static slots (dense: {n}; {_ratio(a.cache_size, n)})")
+        lines += _analysis_body(a)
     return "\n".join(lines) + "\n"
 
 
@@ -203,12 +411,29 @@ def inspect(pattern: str, max_len: int, as_json: bool) -> None:
     and whether it is a closed form, notes, the periodic structure, the decomposition
     groups, the cache events and the Python source of the synthesized cache_id_func,
     slot_key_func and mask_func. Decoding needs a causal pattern.
+
+    With a Dynamic component: the split into static part and dynamic region, the cache as
+    static slots + budget (next to the region-as-static bound), the traced torch.fx score
+    graph and its fusion plan, then the static part's analysis.
     """
-    analysis = _analyze(load(pattern), max_len)
+    p = load(pattern)
+    if _has_dynamic(p):
+        d = inspect_dynamic(p, max_len)
+        if as_json:
+            click.echo(json.dumps(d.report(), indent=2))
+        else:
+            click.echo(format_dynamic_inspect(d), nl=False)
+        return
+    analysis = _analyze(p, max_len)
     if as_json:
-        click.echo(json.dumps(analysis.report(), indent=2))
+        click.echo(json.dumps({**analysis.report(), "dynamic": False}, indent=2))
     else:
         click.echo(format_inspect(analysis), nl=False)
+
+
+def _has_dynamic(pattern: Any) -> bool:
+    dynamics = getattr(pattern, "dynamics", None)
+    return bool(dynamics()) if callable(dynamics) else False
 
 
 @cli.command(short_help="Draw the mask with its groups and the KV-cache trace as a PNG.")
