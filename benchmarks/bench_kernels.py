@@ -43,6 +43,8 @@ from sas.runtime import SASAttnKernel  # noqa: E402
 
 PATTERNS = ["streaming_llm", "block_local", "sliding_window", "openai_strided", "openai_fixed",
             "strided_block_local"]
+#: a fully causal pattern, timed beside the six: its prefill is compared with SDPA's causal kernel
+CAUSAL = "causal"
 
 
 def flex_masks():
@@ -54,10 +56,15 @@ def flex_masks():
         "openai_strided": lambda b, h, q, k: (q >= k) & ((q - k < 512) | ((q - k) % 512 == 0)),
         "openai_fixed": lambda b, h, q, k: (q >= k) & ((q // 256 == k // 256) | (k % 256 >= 224)),
         "strided_block_local": lambda b, h, q, k: (q >= k) & (q // 256 == k // 256) & (q % 4 == 0) & (k % 4 == 0),
+        CAUSAL: lambda b, h, q, k: q >= k,
     }
 
 
 def load_pattern(name: str):
+    if name == CAUSAL:
+        from sas import Causal
+
+        return Causal()
     path = ROOT / "examples" / f"{name}.py"
     try:
         from sas.lang.loader import load_pattern as loader  # type: ignore
@@ -106,7 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="path prefix for .json and .md results")
     ap.add_argument("--lengths", default="2048,8192,16384")
-    ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--patterns", default=",".join(PATTERNS + [CAUSAL]))
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="shorter timing (rep 50 ms instead of 200)")
@@ -314,7 +321,13 @@ def _geomean(xs):
 
 
 def _summary(rows, gqa_rows):
+    """Geometric means over the six Table-1 patterns; the causal pattern is reported apart."""
     s = {}
+    for r in rows:
+        if r["pattern"] == CAUSAL:
+            s[f"causal_prefill_over_sdpa_{r['N']}"] = r["sas_prefill_ms"] / r["sdpa_prefill_ms"]
+    rows = [r for r in rows if r["pattern"] in PATTERNS]
+    gqa_rows = [r for r in gqa_rows if r["pattern"] in PATTERNS]
     for N in sorted({r["N"] for r in rows}):
         rs = [r for r in rows if r["N"] == N and "flex_prefill_ms" in r]
         if rs:
