@@ -339,6 +339,24 @@ def test_compile_writes_kernels(tmp_path):
     assert report["max_len"] == 1024 and report["head_dim"] == 64
 
 
+def test_compile_dynamic_pattern(tmp_path):
+    out = tmp_path / "h2o"
+    r = run("compile", EXAMPLES / "fig7a_window_h2o.py", "-o", out, "--max-len", "4K")
+    assert r.exit_code == 0, r.output
+    assert "KV cache: 5 slots = 2 static + 3 pool (dense: 4096)" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["dynamic_decode.py", "dynamic_tables.pt", "prefill.py",
+                                                     "report.json", "report.md", "static_decode.py"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["dynamic"] is True and report["budget"] == 2 and report["score_path"] == "fused kernel"
+    # a chain that only runs as a torch graph is refused by name, and nothing is written
+    bad = script(tmp_path, "from sas import ops\n"
+                           "pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=2, "
+                           "score=ops.attn_score().sum(dim=1).topk(2))")
+    r = run("compile", bad, "-o", tmp_path / "bad", "--max-len", "64")
+    assert r.exit_code == 2 and "not fused" in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_help_texts():
     r = run("--help")
     assert r.exit_code == 0 and all(c in r.output for c in ("inspect", "plot", "compile", "16K"))

@@ -106,9 +106,63 @@ def test_compile_errors_leave_nothing(tmp_path, kwargs, err, match):
     assert os.listdir(tmp_path) == []
 
 
-def test_compile_dynamic_not_yet(tmp_path):
-    with pytest.raises(NotYetSupportedError, match="separate issue"):
-        compile_pattern(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), tmp_path / "d")
+@pytest.mark.parametrize("refresh", [False, True])
+def test_compile_dynamic_pattern_runs_standalone(tmp_path, refresh):
+    """A window + H2O pattern compiles to prefill.py, static_decode.py, dynamic_decode.py and
+    the region schedule; the files run without sas and give exactly what SASAttnKernel gives."""
+    from sas import ops
+    from sas.runtime import SASAttnKernel
+
+    pattern = (Diag(0, 6) + Rect(cols=(0, 2))) * Causal()
+    pattern = pattern + (Causal() * ~pattern) * Dynamic(budget=3, score=ops.attn_score().mean(dim=1) * 2.0,
+                                                        refresh=refresh)
+    out = tmp_path / "dyn"
+    rep = compile_pattern(pattern, out, max_len=48, head_dim=16, dtype="float32", num_heads=4, num_kv_heads=2,
+                          prefill_options=PrefillOptions(16, 16, 4, 1))
+    assert sorted(os.listdir(out)) == ["dynamic_decode.py", "dynamic_tables.pt", "prefill.py", "report.json",
+                                       "report.md", "static_decode.py"]
+    assert rep["dynamic"] is True and rep["score_path"] == "fused kernel"
+    assert (rep["static_slots"], rep["budget"]) == (8, 3)
+    assert rep["cache_size"] == rep["static_slots"] + rep["pool_slots"]
+    assert "KV cache" in (out / "report.md").read_text()
+    for name in ("prefill.py", "static_decode.py", "dynamic_decode.py"):
+        src = (out / name).read_text()
+        imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
+        assert imports <= {"os", "torch", "triton"}, imports
+    tag = f"sas_test_dyn_{int(refresh)}"
+    pre = load(out / "prefill.py", f"{tag}_prefill")
+    sdec = load(out / "static_decode.py", f"{tag}_static")
+    ddec = load(out / "dynamic_decode.py", f"{tag}_dynamic")
+    rt = ddec.Runtime(sdec, torch.load(out / "dynamic_tables.pt"))
+
+    g = torch.Generator().manual_seed(4)
+    N, P = 30, 12
+    q = torch.randn(2, 4, N, 16, generator=g).to(DEV)
+    k = torch.randn(2, 2, N, 16, generator=g).to(DEV)
+    v = torch.randn(2, 2, N, 16, generator=g).to(DEV)
+    ker = SASAttnKernel(pattern, max_len=48, prefill_options=PrefillOptions(16, 16, 4, 1))
+    got = [rt.prefill(pre, q[:, :, :P], k[:, :, :P], v[:, :, :P])]
+    want = [ker.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])]
+    assert rt.held_keys() == ker.dynamic.held_keys()
+    for t in range(P, N):
+        got.append(rt.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]))
+        want.append(ker.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]))
+        assert rt.held_keys() == ker.dynamic.held_keys()
+    torch.testing.assert_close(torch.cat(got, 2), torch.cat(want, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_compile_dynamic_errors(tmp_path):
+    from sas import ops
+
+    # a chain that runs as a torch graph cannot be written as standalone kernels
+    pooled = Diag(0, 4) + Diag(4, None) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1).pooling(3))
+    with pytest.raises(NotYetSupportedError, match="not fused"):
+        compile_pattern(pooled, tmp_path / "d", max_len=64)
+    # a region that starts after the static part lets its keys go
+    with pytest.raises(NotYetSupportedError, match="static part"):
+        compile_pattern(Diag(0, 2) + Diag(5, None) * Dynamic(budget=2), tmp_path / "d", max_len=64)
+    with pytest.raises(SASError, match="budget"):
+        compile_pattern(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), tmp_path / "d", max_len=64)
     with pytest.raises(SASError):
         compile_pattern("Diag(0, 4)", tmp_path / "d")  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []

@@ -507,8 +507,10 @@ def _backends() -> tuple[str, ...]:
 def compile_(pattern: str, backend: str, output: str, max_len: int, head_dim: int, dtype: str) -> None:
     """Generate kernels for PATTERN into the folder given by -o.
 
-    Writes prefill.py, decode.py (causal patterns), report.json and report.md. The folder
-    is written whole or not at all.
+    Writes prefill.py, decode.py (causal patterns), report.json and report.md; for a pattern
+    with a Dynamic component prefill.py, static_decode.py, dynamic_decode.py (kernels and a
+    `Runtime` for prefill + decode) and dynamic_tables.pt instead of decode.py. The folder is
+    written whole or not at all.
     """
     valid = _backends()
     if backend not in valid:
@@ -522,7 +524,10 @@ def compile_(pattern: str, backend: str, output: str, max_len: int, head_dim: in
     report = compile_pattern(p, output, backend=backend, max_len=max_len, head_dim=head_dim, dtype=dtype)
     files = ", ".join(report.get("files", [])) if isinstance(report, dict) else ""
     click.echo(f"wrote {output}" + (f": {files}" if files else ""))
-    if isinstance(report, dict) and "cache_size" in report:
+    if isinstance(report, dict) and report.get("dynamic"):
+        click.echo(f"KV cache: {report['cache_size']} slots = {report['static_slots']} static + "
+                   f"{report['pool_slots']} pool (dense: {report['dense_cache_size']})")
+    elif isinstance(report, dict) and "cache_size" in report:
         click.echo(f"KV cache: {report['cache_size']} slots (dense: {report.get('dense_cache_size', max_len)})")
 
 

@@ -66,9 +66,10 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
         raise KernelError(f"compile_pattern: num_heads={num_heads} must be a positive multiple of "
                           f"num_kv_heads={num_kv_heads}, batch={batch} positive")
     if pattern.dynamics():
-        raise NotYetSupportedError(
-            "compile_pattern: the pattern has Dynamic components; dynamic run-time selection is a "
-            "separate issue, for now only static patterns compile")
+        files, report = _dynamic_files(pattern, backend, max_len, head_dim, dtype_name, num_heads, num_kv_heads,
+                                       batch, prefill_options, decode_options)
+        _write_folder(Path(out_dir), files)
+        return report
     from sas.codegen.triton_backend import auto_prefill_options
 
     po = prefill_options or auto_prefill_options(pattern, max_len, max_len)
@@ -130,7 +131,84 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     report["files"] += ["report.json", "report.md"]
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     files["report.md"] = _markdown(report)
+    _write_folder(out_dir, files)
+    return report
 
+
+def _dynamic_files(pattern: Pattern, backend: str, max_len: int, head_dim: int, dtype_name: str,
+                   num_heads: int, num_kv_heads: int, batch: int, prefill_options: PrefillOptions | None,
+                   decode_options: DecodeOptions | None) -> tuple[dict[str, str | bytes], dict[str, Any]]:
+    """Files and report of a pattern with a Dynamic component (docs/dynamic.md, section 7):
+    the prefill module of the full pattern (with its score kernel), the static part's decode
+    module, the dynamic decode module (kernels and `Runtime`) and the region schedule."""
+    import io
+
+    import torch
+
+    from sas.codegen.triton_backend import auto_decode_options, auto_prefill_options, render_dynamic_decode
+    from sas.dynamic.cache_plan import dynamic_cache_plan
+    from sas.dynamic.fusion import analyze_fusion
+    from sas.ir.tiles import tile_map
+
+    cplan = dynamic_cache_plan(pattern, max_len)
+    plan = cplan.plan
+    if cplan.fused is None:
+        raise NotYetSupportedError(
+            f"compile_pattern: the score chain {plan.dynamic.score!r} is not fused into the kernels (custom ops, "
+            f"ops.external, pooling, top-k and reductions over KV heads run as their torch.fx graph inside "
+            f"SASAttnKernel); sas compile writes standalone kernels for attn_score(), one reduction over "
+            f"dim 1 (sum, mean, max) and elementwise arithmetic with constants")
+    po = prefill_options or auto_prefill_options(plan.full, max_len, max_len)
+    tiles = tile_map(plan.full, max_len, max_len, po.block_m, po.block_n, 0)
+    files: dict[str, str | bytes] = {"prefill.py": render_prefill(plan.full, po)}
+    static = cplan.static_analysis
+    itemsize = _DTYPES[dtype_name]
+    per_slot = 2 * batch * num_kv_heads * head_dim * itemsize
+    report: dict[str, Any] = {
+        "pattern": repr(pattern),
+        "dynamic": True,
+        "backend": backend,
+        "template_version": TEMPLATE_VERSION,
+        "max_len": max_len, "head_dim": head_dim, "dtype": dtype_name, "batch": batch,
+        "num_heads": num_heads, "num_kv_heads": num_kv_heads, "causal": True,
+        "split": {"static": repr(plan.static) if static is not None else None, "region": repr(plan.region),
+                  "full": repr(plan.full), "budget": plan.budget, "refresh": plan.refresh,
+                  "score": repr(plan.dynamic.score)},
+        "fusion": analyze_fusion(plan.score).summary(),
+        "prefill": {
+            "pattern": repr(plan.full), "block_m": po.block_m, "block_n": po.block_n,
+            "num_warps": po.num_warps, "num_stages": po.num_stages, "tiles": tiles.counts(),
+            "density": round((tiles.num_full + tiles.num_partial) / max(1, tiles.counts()["total"]), 6),
+        },
+        **cplan.report(),
+        "cache_size": cplan.cache_size,
+        "dense_cache_size": max_len,
+        "kv_cache_bytes": per_slot * cplan.cache_size,
+        "dense_kv_cache_bytes": per_slot * max_len,
+        "files": ["prefill.py"],
+    }
+    if static is not None:
+        do = decode_options or auto_decode_options(static, num_heads // num_kv_heads)
+        files["static_decode.py"] = render_decode(static, do)
+        report["static_functions_source"] = static.source
+        report["files"].append("static_decode.py")
+    files["dynamic_decode.py"] = render_dynamic_decode(cplan)
+    buf = io.BytesIO()
+    torch.save({name: torch.from_numpy(a) for name, a in cplan.table_arrays().items()}, buf)
+    files["dynamic_tables.pt"] = buf.getvalue()
+    report["files"] += ["dynamic_decode.py", "dynamic_tables.pt", "report.json", "report.md"]
+    report["notes"] = [
+        "run: rt = dynamic_decode.Runtime(static_decode or None, torch.load('dynamic_tables.pt')); "
+        "out = rt.prefill(prefill, q, k, v); out = rt.decode(q1, k1, v1) per token",
+    ]
+    files["report.json"] = json.dumps(report, indent=2) + "\n"
+    files["report.md"] = _dynamic_markdown(report)
+    return files, report
+
+
+def _write_folder(out_dir: Path, files: dict[str, str | bytes]) -> None:
+    """Write `files` into a temporary sibling folder, then rename it into place (a failed
+    write leaves the old folder, or nothing)."""
     parent = out_dir.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -142,8 +220,11 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
         raise KernelError(f"compile_pattern: cannot create output folder {out_dir}: {e}") from None
     old = None
     try:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
+        for name, data in files.items():
+            if isinstance(data, bytes):
+                (tmp / name).write_bytes(data)
+            else:
+                (tmp / name).write_text(data)
         if out_dir.exists() or out_dir.is_symlink():
             if not out_dir.is_dir():
                 raise KernelError(f"compile_pattern: {out_dir} exists and is not a folder")
@@ -162,11 +243,24 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    return report
+
+
+def _tile_lines(r: dict[str, Any]) -> list[str]:
+    """The report's prefill tile table and launch line."""
+    t, pre = r["prefill"]["tiles"], r["prefill"]
+    return [
+        f"Tiles of {pre['block_m']} x {pre['block_n']} at {r['max_len']} x {r['max_len']}:",
+        "",
+        "| full | partial | empty | total | density |",
+        "|---|---|---|---|---|",
+        f"| {t['full']} | {t['partial']} | {t['empty']} | {t['total']} | {pre['density']:.4f} |",
+        "",
+        f"Launch: num_warps={pre['num_warps']}, num_stages={pre['num_stages']}.",
+        "",
+    ]
 
 
 def _markdown(r: dict[str, Any]) -> str:
-    t = r["prefill"]["tiles"]
     lines = [
         "# sas compile report",
         "",
@@ -179,14 +273,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Prefill",
         "",
-        f"Tiles of {r['prefill']['block_m']} x {r['prefill']['block_n']} at {r['max_len']} x {r['max_len']}:",
-        "",
-        "| full | partial | empty | total | density |",
-        "|---|---|---|---|---|",
-        f"| {t['full']} | {t['partial']} | {t['empty']} | {t['total']} | {r['prefill']['density']:.4f} |",
-        "",
-        f"Launch: num_warps={r['prefill']['num_warps']}, num_stages={r['prefill']['num_stages']}.",
-        "",
+        *_tile_lines(r),
     ]
     if "cache_size" in r:
         lines += [
@@ -206,5 +293,42 @@ def _markdown(r: dict[str, Any]) -> str:
         ]
     if r.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in r["notes"]] + [""]
+    lines += ["## Files", ""] + [f"- `{f}`" for f in r["files"]] + [""]
+    return "\n".join(lines)
+
+
+def _dynamic_markdown(r: dict[str, Any]) -> str:
+    sp = r["split"]
+    lines = [
+        "# sas compile report (pattern with a Dynamic component)",
+        "",
+        f"- pattern: `{r['pattern']}`",
+        f"- static part: `{sp['static']}`" if sp["static"] else "- static part: empty",
+        f"- dynamic region: `{sp['region']}`",
+        f"- budget {sp['budget']}, refresh={sp['refresh']}, score `{sp['score']}` ({r['score_path']})",
+        f"- backend: {r['backend']} (template version {r['template_version']})",
+        f"- max_len: {r['max_len']}, head_dim: {r['head_dim']}, dtype: {r['dtype']}, "
+        f"heads: {r['num_heads']} query / {r['num_kv_heads']} kv, batch: {r['batch']}",
+        "",
+        "## KV cache",
+        "",
+        f"- slots: {r['cache_size']} = {r['static_slots']} static + {r['pool_slots']} pool "
+        f"(dense: {r['dense_cache_size']}); at most {r['max_entering_per_step']} keys enter per decode step",
+        f"- bytes: {r['kv_cache_bytes']} (dense: {r['dense_kv_cache_bytes']})",
+        "",
+        "## Prefill (the Dynamic as its whole region)",
+        "",
+        *_tile_lines(r),
+        "## Score fusion",
+        "",
+        "```",
+        r["fusion"],
+        "```",
+        "",
+    ]
+    if "static_functions_source" in r:
+        lines += ["## Static part: synthesized functions", "", "```python",
+                  r["static_functions_source"].rstrip()[:20000], "```", ""]
+    lines += ["## Notes", ""] + [f"- {n}" for n in r["notes"]] + [""]
     lines += ["## Files", ""] + [f"- `{f}`" for f in r["files"]] + [""]
     return "\n".join(lines)

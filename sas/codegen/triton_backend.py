@@ -33,7 +33,7 @@ from sas.codegen.lower_triton import (
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "2"
+TEMPLATE_VERSION = "3"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 

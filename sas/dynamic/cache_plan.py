@@ -114,6 +114,14 @@ class DynamicCachePlan:
         """Keys that become candidates at query i."""
         return self.enter_keys[self.enter_ptr[i]:self.enter_ptr[i + 1]]
 
+    def table_arrays(self) -> dict[str, np.ndarray]:
+        """The region schedule the generated `Runtime` reads, as int32 arrays: `enter_at`,
+        `region_last` (clipped to max_len; -1: never), `enter_ptr`, `enter_keys` (CSR)."""
+        last = np.where(self.region_last < 0, -1, np.minimum(self.region_last, self.max_len))
+        return {"enter_at": self.enter_at.astype(np.int32), "region_last": last.astype(np.int32),
+                "enter_ptr": self.enter_ptr.astype(np.int32),
+                "enter_keys": np.append(self.enter_keys, 0).astype(np.int32)}
+
     def report(self) -> dict[str, Any]:
         return {"static_slots": self.static_size, "pool_slots": self.pool_size, "budget": self.plan.budget,
                 "refresh": self.plan.refresh, "max_entering_per_step": self.max_entering,

@@ -12,6 +12,8 @@
   of the keys entering at the next query). With `refresh=True` the `budget` best held keys are
   marked loaded for the next query (torch, sort-based).
 
+The fused path's orchestration lives in the generated module (`Runtime` in
+templates/triton/dynamic_decode.py.jinja), so that `sas compile` output runs without sas.
 Chains the kernels cannot compute (custom ops, external scores, pooling, top-k, a reduction over
 KV heads) run as their traced torch.fx graph on the probabilities in key order, from the same
 memoized statistics; only the accumulation then happens outside the update kernel.
@@ -19,10 +21,8 @@ memoized statistics; only the accumulation then happens outside the update kerne
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
 from sas.codegen.triton_backend import (
@@ -40,7 +40,10 @@ LOG2E = 1.4426950408889634
 
 
 class DynamicRuntime:
-    """Kernels and state for one dynamic pattern; `SASAttnKernel` delegates to it."""
+    """Kernels and state for one dynamic pattern; `SASAttnKernel` delegates to it. The
+    orchestration of the fused path is the generated module's `Runtime` (what `sas compile`
+    writes); this class adds the prefill tile lists from the IR and the torch path of
+    chains the kernels cannot compute."""
 
     def __init__(self, pattern: Pattern, max_len: int, other_inputs: Mapping[str, Any], cache_dir=None):
         self.cplan: DynamicCachePlan = dynamic_cache_plan(pattern, max_len)
@@ -51,11 +54,9 @@ class DynamicRuntime:
         self.mod = dynamic_decode_module(self.cplan, cache_dir)
         sa = self.cplan.static_analysis
         self.static_mod = decode_module(sa, directory=cache_dir) if sa is not None else None
+        self.rt = self.mod.Runtime(self.static_mod, {name: torch.from_numpy(a) for name, a in
+                                                     self.cplan.table_arrays().items()})
         self._prefill_mods: dict = {}
-        self._device_tables: dict[str, tuple[torch.Tensor, ...]] = {}
-        self.state = None
-        self.length = 0
-        self._static_keys: np.ndarray | None = None
         for name in self.plan.score.weights:
             if name not in self.other_inputs:
                 raise KernelError(f"SASAttnKernel: the score chain's custom weight {name!r} is missing from "
@@ -65,23 +66,24 @@ class DynamicRuntime:
                 raise KernelError(f"SASAttnKernel: the score chain's external score {name!r} (ops.external) "
                                   f"is missing from other_inputs; given: {sorted(self.other_inputs)}")
 
-    # --- geometry on the device ------------------------------------------------------------
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        key = str(device)
-        t = self._device_tables.get(key)
-        if t is None:
-            c = self.cplan
-            last = np.minimum(np.where(c.region_last < 0, -1, c.region_last), np.iinfo(np.int32).max)
-            t = self._device_tables[key] = (
-                torch.from_numpy(last.astype(np.int32)).to(device),
-                torch.from_numpy(c.enter_ptr.astype(np.int32)).to(device),
-                torch.from_numpy(np.append(c.enter_keys, 0).astype(np.int32)).to(device),
-            )
-        return t
-
     @property
     def cache_size(self) -> int:
         return self.cplan.cache_size
+
+    @property
+    def state(self):
+        return self.rt.state
+
+    @property
+    def length(self) -> int:
+        return self.rt.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.rt.length = value
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return self.rt.device_tables(device)
 
     # --- prefill ---------------------------------------------------------------------------
     def _prefill_module(self, options):
@@ -92,27 +94,18 @@ class DynamicRuntime:
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill_options=None) -> torch.Tensor:
         B, H, P, D = q.shape
-        Hkv = k.shape[1]
         dev = q.device
         o = prefill_options or auto_prefill_options(self.plan.full, P, P)
         tm = tile_map(self.plan.full, P, P, o.block_m, o.block_n, 0)
-        arrays = [torch.from_numpy(a.copy()).to(dev) if a.size else torch.zeros(1, dtype=torch.int32, device=dev)
-                  for a in (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols, tm.block_order())]
+        tiles = [torch.from_numpy(a.copy()).to(dev) if a.size else torch.zeros(1, dtype=torch.int32, device=dev)
+                 for a in (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols, tm.block_order())]
         mod = self._prefill_module(o)
-        lse = torch.empty(B, H, P, dtype=torch.float32, device=dev)
-        out = mod.prefill(q, k, v, *arrays, q_offset=0, lse=lse, block_m=o.block_m, block_n=o.block_n,
-                          num_warps=o.num_warps, num_stages=o.num_stages)
-        fused = self.cplan.fused
-        if fused is not None:
-            red = mod.score(q, k, lse, *arrays, reduce="max" if fused.reduce == "max" else "sum",
-                            q_offset=0, block_m=o.block_m, block_n=o.block_n, num_warps=o.num_warps)
-            if fused.reduce == "mean":
-                red = red / ((H // Hkv) * P)
-            scores = fused.apply(red)
-        else:
-            probs = self._prefill_probs(q, k, lse)
-            scores = self.plan.score(probs, q.float(), k.float(), self._externals(0, P, dev)).float()
-        self._init_state(q, k, v, scores)
+        if self.cplan.fused is not None:
+            return self.rt.prefill(mod, q, k, v, tiles)
+        out, lse, _ = self.rt.attention(mod, q, k, v, tiles)
+        probs = self._prefill_probs(q, k, lse)
+        scores = self.plan.score(probs, q.float(), k.float(), self._externals(0, P, dev)).float()
+        self.rt.start(q, k, v, scores)
         return out
 
     def _prefill_probs(self, q, k, lse) -> torch.Tensor:
@@ -144,103 +137,20 @@ class DynamicRuntime:
             out[name] = x[:, :, i0:i1, :i1]
         return out
 
-    def _init_state(self, q, k, v, scores: torch.Tensor) -> None:
-        """Lay the prompt out as static segment + pool, cut the pool to the budget, stage the
-        keys entering at the first decode query."""
-        B, H, P, D = q.shape
-        Hkv = k.shape[1]
-        dev = q.device
-        c = self.cplan
-        C = c.static_size
-        st = self.mod.State(B, H, Hkv, D, k.dtype, dev)
-        scores = scores.to(torch.float32).reshape(B * Hkv, P)
-        # static segment: each slot holds the last key written to it
-        keys_static = np.full(max(C, 1), -1, dtype=np.int64)
-        if C:
-            self.static_mod.fill_cache(k, v, st.k[:, :, :C], st.v[:, :, :C])
-            cid = c.static_analysis.cache_ids(P)
-            j = np.flatnonzero(cid >= 0)
-            np.maximum.at(keys_static, cid[j], j)
-            held_static = keys_static[:C]
-            sel = np.flatnonzero(held_static >= 0)
-            st.acc[:, torch.from_numpy(sel).to(dev)] = scores[:, torch.from_numpy(held_static[sel]).to(dev)]
-        self._static_keys = keys_static[:C].copy()
-        # pool: candidates entered by the prompt whose region use is not over
-        j = np.arange(P)
-        cand = (c.enter_at[:P] >= 0) & (c.enter_at[:P] <= P - 1) & (c.region_last[:P] >= P)
-        cand_t = torch.from_numpy(cand).to(dev)[None, :].expand(B * Hkv, P)
-        if self.plan.refresh:
-            keep = cand_t
-        else:
-            keep = _top(scores, cand_t, self.plan.budget, torch.arange(P, device=dev))
-        n_keep = keep.sum(dim=1)
-        if int(n_keep.max()) > c.pool_size:
-            raise KernelError(f"internal: {int(n_keep.max())} candidate keys after prefill exceed the pool "
-                              f"of {c.pool_size} slots")
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :c.pool_size]   # kept keys first
-        npool = min(c.pool_size, P)
-        order = order[:, :npool]
-        valid = torch.arange(npool, device=dev)[None, :] < n_keep[:, None]
-        st.keys[:, :npool] = torch.where(valid, order, -1).to(torch.int32)
-        st.flags[:, :npool] = torch.where(valid, 3, 0).to(torch.int8)
-        st.acc[:, C:C + npool] = torch.where(valid, scores.gather(1, order), 0.0)
-        kf = k.reshape(B * Hkv, P, D)
-        vf = v.reshape(B * Hkv, P, D)
-        idx = order[..., None].expand(-1, -1, D)
-        pk = st.k.view(B * Hkv, c.cache_size, D)
-        pv = st.v.view(B * Hkv, c.cache_size, D)
-        pk[:, C:C + npool] = torch.where(valid[..., None], kf.gather(1, idx), 0)
-        pv[:, C:C + npool] = torch.where(valid[..., None], vf.gather(1, idx), 0)
-        self.state = st
-        self.length = P
-        self.batch_shape = (B, H, Hkv, D, k.dtype, dev)
-        region_last, enter_ptr, enter_keys = self._tables(dev)
-        self.mod.update(st, P - 1, region_last, enter_ptr, enter_keys, score=False, evict=False)
-        if self.plan.refresh:
-            self._select(P)
-
     # --- decode ----------------------------------------------------------------------------
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        B, H, Hkv, D, dtype, dev = self.batch_shape
+        B, H, Hkv, D, dtype, dev = self.rt.shape
         if (q.shape[0], q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device) != (B, H, Hkv, D, dtype, dev):
             raise KernelError(f"SASAttnKernel.decode: q {tuple(q.shape)} {q.dtype} on {q.device} and k "
                               f"{tuple(k.shape)} do not match the prompt's batch {B}, {H} query / {Hkv} kv "
                               f"heads, head_dim {D}, {dtype} on {dev}")
-        pos = self.length
-        st = self.state
-        out = torch.empty_like(q)
-        self.mod.attend(st, q, k, v, pos, out)
-        fused = self.cplan.fused is not None
-        if not fused:
-            self._torch_scores(q, pos)
-        region_last, enter_ptr, enter_keys = self._tables(dev)
-        self.mod.update(st, pos, region_last, enter_ptr, enter_keys, score=fused, evict=not self.plan.refresh)
-        if self.plan.refresh and pos + 1 < self.max_len:
-            self._select(pos + 1)
-        if self.cplan.static_size:
-            s = int(self.cplan.static_analysis.cache_id_func(pos))
-            if s >= 0:
-                self._static_keys[s] = pos
-        self.length = pos + 1
-        return out
-
-    def _select(self, i: int) -> None:
-        """refresh=True: mark loaded the `budget` held pool keys of region row i with the highest
-        accumulated score (ties: the more recent key)."""
-        st = self.state
-        C = self.cplan.static_size
-        keys = st.keys.to(torch.int64)
-        held = ((st.flags & 1) != 0) & (keys >= 0)
-        pos = torch.full_like(keys, i)
-        held = held & self.mod.region(pos, keys.clamp(min=0))
-        chosen = _top(st.acc[:, C:], held, self.plan.budget, keys)
-        st.flags.copy_(torch.where(held | ((st.flags & 1) != 0), (st.flags & 1) | (chosen.to(torch.int8) * 2),
-                                   st.flags))
+        acc = None if self.cplan.fused is not None else (lambda rt, q_, pos: self._torch_scores(q_, pos))
+        return self.rt.decode(q, k, v, accumulate=acc)
 
     def _torch_scores(self, q: torch.Tensor, pos: int) -> None:
         """A general chain for query `pos`: probabilities in key order from the attention
         kernel's raw scores and row statistics, the traced graph, then accumulation per slot."""
-        B, H, Hkv, D, dtype, dev = self.batch_shape
+        B, H, Hkv, D, dtype, dev = self.rt.shape
         st = self.state
         C, T, n = self.cplan.static_size, self.cplan.cache_size, pos + 1
         ns = st.num_splits
@@ -254,12 +164,12 @@ class DynamicRuntime:
         p = p.view(B, H, T)
         g = H // Hkv
         # slot -> key: the static segment (same for every head; the new key is written now), then pool
-        sk = self._static_keys.copy()
+        sk = self.rt.static_keys.clone()
         if C:
             s_new = int(self.cplan.static_analysis.cache_id_func(pos))
             if s_new >= 0:
                 sk[s_new] = pos
-        static_keys = torch.from_numpy(sk).to(dev)
+        static_keys = sk.to(dev)
         pool_keys = st.keys.view(B, Hkv, -1).to(torch.int64)
         pool_held = ((st.flags.view(B, Hkv, -1) & 1) != 0) & (pool_keys >= 0)
         probs = torch.zeros(B, H, 1, n, dtype=torch.float32, device=dev)
@@ -286,38 +196,12 @@ class DynamicRuntime:
     def attended_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the keys the next decode query will attend through the
         pool (held and loaded, in its region row), sorted."""
-        st = self.state
-        B, H, Hkv = self.batch_shape[:3]
-        keys = st.keys.to(torch.int64)
-        loaded = ((st.flags & 2) != 0) & (keys >= 0)
-        loaded &= self.mod.region(torch.full_like(keys, self.length), keys.clamp(min=0))
-        out = []
-        for b in range(B):
-            out.append([sorted(int(x) for x in keys[b * Hkv + h][loaded[b * Hkv + h]]) for h in range(Hkv)])
-        return out
+        return self.rt.attended_keys()
 
     def held_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the keys the dynamic selection holds after the last step
         (sorted; the keys already staged for the next query are not counted)."""
-        st = self.state
-        B, H, Hkv = self.batch_shape[:3]
-        keys = st.keys.to(torch.int64)
-        enter = torch.from_numpy(self.cplan.enter_at).to(keys.device)[keys.clamp(min=0)]
-        held = ((st.flags & 1) != 0) & (keys >= 0) & (enter < self.length)
-        return [[sorted(int(x) for x in keys[b * Hkv + h][held[b * Hkv + h]]) for h in range(Hkv)]
-                for b in range(B)]
-
-
-def _top(score: torch.Tensor, mask: torch.Tensor, b: int, key: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the `b` entries of `mask` with the highest `score` per row; ties to the larger
-    `key` (the more recent key)."""
-    key = key.expand_as(score)
-    s = torch.where(mask, score, torch.full_like(score, -math.inf))
-    o1 = torch.argsort(key, dim=1, descending=True, stable=True)
-    o2 = torch.argsort(s.gather(1, o1), dim=1, descending=True, stable=True)
-    order = o1.gather(1, o2)[:, :b]
-    chosen = torch.zeros_like(mask).scatter(1, order, True)
-    return chosen & mask
+        return self.rt.held_keys()
 
 
 __all__ = ["DynamicRuntime"]
