@@ -10,12 +10,15 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.dynamic import dynamic_attention_reference
 from sas.dynamic.cache_plan import dynamic_cache_plan, fused_score
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.runtime import SASAttnKernel
+from strategies import causal_patterns
 from test_dynamic_h2o import TABLE1, plain_h2o, region_last_use
 
 DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -101,6 +104,27 @@ def test_table1_static_plus_h2o(name, refresh):
     """Paper Table 6: each Table-1 pattern plus H2O on the region it leaves uncovered."""
     static = TABLE1[name]
     check(static, Causal() * ~static, Dynamic(budget=3, refresh=refresh), N=26, prefill=9, seed=len(name))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(static=causal_patterns(3).filter(lambda p: not p.dynamics()), budget=st.integers(1, 5),
+       refresh=st.booleans(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
+def test_random_static_plus_h2o(static, budget, refresh, prefill, seed):
+    """Random compositions of every primitive and operator as the static part, H2O on what
+    they leave uncovered (paper Table 6's construction)."""
+    from sas.dynamic import plan_dynamic
+
+    dyn = Dynamic(budget=budget, refresh=refresh)
+    pattern = static + (Causal() * ~static) * dyn
+    assume((pattern.to_mask(122) & ~static.to_mask(122)).any())        # a region to select from
+    plan = plan_dynamic(pattern, max_len=64)
+    assume(plan.capacity is None or budget <= plan.capacity)
+    try:
+        dynamic_cache_plan(pattern, 64)
+    except NotYetSupportedError as e:                                     # static part needs tables
+        assume("table" not in str(e))
+        raise
+    check(static, Causal() * ~static, dyn, N=26, prefill=prefill, seed=seed)
 
 
 def test_max_reduction_and_epilogue_fused():
