@@ -302,11 +302,12 @@ def inspect_dynamic(pattern: Any, max_len: int) -> DynamicInspection:
 
     plan = plan_dynamic(pattern, max_len=max_len)
     bound = _analyze(pattern, max_len)
-    static = _analyze_static(plan.static, max_len)
     try:
         runtime, why = dynamic_cache_plan(plan, max_len), None
     except NotYetSupportedError as e:
         runtime, why = None, str(e)
+    # the run-time layout analyses the static part already; analyse it here only without one
+    static = runtime.static_analysis if runtime is not None else _analyze_static(plan.static, max_len)
     return DynamicInspection(pattern, max_len, plan, static, bound, analyze_fusion(plan.score), runtime, why)
 
 
