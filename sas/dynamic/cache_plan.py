@@ -43,14 +43,9 @@ class FusedScore:
     reduce: str                                   # "sum" | "mean" | "max"
     epilogue: tuple[tuple[str, float, bool], ...]
 
-    def apply(self, x: Any) -> Any:
-        """The epilogue on a tensor (torch) or a Triton value: same operator order."""
-        for op, c, left in self.epilogue:
-            a, b = (c, x) if left else (x, c)
-            x = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
-        return x
-
     def triton_expr(self, x: str) -> str:
+        """The epilogue applied to the expression `x`, in operator order (valid Triton and
+        Python, rendered into the update kernel and the generated `epilogue`)."""
         for op, c, left in self.epilogue:
             x = f"({c!r} {op} {x})" if left else f"({x} {op} {c!r})"
         return x
@@ -109,10 +104,6 @@ class DynamicCachePlan:
     def cache_size(self) -> int:
         """Slots per (batch, KV head): static segment plus pool."""
         return self.static_size + self.pool_size
-
-    def entering(self, i: int) -> np.ndarray:
-        """Keys that become candidates at query i."""
-        return self.enter_keys[self.enter_ptr[i]:self.enter_ptr[i + 1]]
 
     def table_arrays(self) -> dict[str, np.ndarray]:
         """The region schedule the generated `Runtime` reads, as int32 arrays: `enter_at`,

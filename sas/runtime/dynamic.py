@@ -33,8 +33,8 @@ from sas.codegen.triton_backend import (
 )
 from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
 from sas.errors import KernelError
-from sas.ir.tiles import tile_map
 from sas.lang.pattern import Pattern
+from sas.runtime.tiles import tile_tensors
 
 LOG2E = 1.4426950408889634
 
@@ -96,9 +96,7 @@ class DynamicRuntime:
         B, H, P, D = q.shape
         dev = q.device
         o = prefill_options or auto_prefill_options(self.plan.full, P, P)
-        tm = tile_map(self.plan.full, P, P, o.block_m, o.block_n, 0)
-        tiles = [torch.from_numpy(a.copy()).to(dev) if a.size else torch.zeros(1, dtype=torch.int32, device=dev)
-                 for a in (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols, tm.block_order())]
+        tiles = tile_tensors(self.plan.full, P, P, o.block_m, o.block_n, dev)
         mod = self._prefill_module(o)
         if self.cplan.fused is not None:
             return self.rt.prefill(mod, q, k, v, tiles)

@@ -34,8 +34,9 @@ from sas.codegen.triton_backend import (
     prefill_module,
 )
 from sas.errors import KernelError, NotYetSupportedError
-from sas.ir.tiles import is_causal, tile_map
+from sas.ir.tiles import is_causal
 from sas.lang.pattern import Pattern
+from sas.runtime.tiles import tile_tensors
 
 BACKENDS = ("triton",)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -224,10 +225,7 @@ class SASAttnKernel(torch.nn.Module):
             self._tiles.move_to_end(key)
             return hit
         o = self.prefill_options or auto_prefill_options(self.pattern, q_len, k_len)
-        tm = tile_map(self.pattern, q_len, k_len, o.block_m, o.block_n, k_len - q_len)
-        arrays = (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols, tm.block_order())
-        out = (o,) + tuple(torch.from_numpy(a.copy()).to(device) if a.size
-                           else torch.zeros(1, dtype=torch.int32, device=device) for a in arrays)
+        out = (o,) + tile_tensors(self.pattern, q_len, k_len, o.block_m, o.block_n, device)
         self._tiles[key] = out
         while len(self._tiles) > 16:
             self._tiles.popitem(last=False)
