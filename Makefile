@@ -1,5 +1,6 @@
 # sas: `make demo` sets everything up and shows the CLI; `make test` runs the test suite.
-# The virtual environment lives in .venv; it is (re)installed when pyproject.toml changes.
+# The virtual environment lives in .venv; it is (re)installed when pyproject.toml or setup.py
+# changes. `make wheel-smoke` builds the wheel and smoke-tests it in a fresh venv (.ci/wheel-smoke).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,14 +10,14 @@ STAMP := $(VENV)/.installed
 PIN := $(shell command -v taskset >/dev/null 2>&1 && echo taskset -c 0)
 BENCH_ARGS ?= --markdown
 
-.PHONY: setup demo test bench-analysis clean
+.PHONY: setup demo test wheel-smoke bench-analysis clean
 
 setup: $(STAMP)
 
 # torch first, pinned: pip finds the local CPU wheel for 2.13.0 instead of the newest CUDA
 # build; then sas itself (editable) with its test and kernel extras (triton runs on the CPU
 # under TRITON_INTERPRET=1).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install torch==2.13.0
 	$(BIN)/python -m pip install -e '.[test,kernels]'
@@ -29,6 +30,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+wheel-smoke: $(STAMP)
+	VENV_PYTHON=$(abspath $(BIN))/python .ci/wheel-smoke
 
 bench-analysis: $(STAMP)
 	$(PIN) $(BIN)/python benchmarks/bench_analysis.py $(BENCH_ARGS)

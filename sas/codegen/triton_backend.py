@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import jinja2
 
 from sas.codegen.lower_triton import (
     LoweredFunction,
@@ -31,6 +33,10 @@ from sas.codegen.lower_triton import (
     table_refs,
 )
 from sas.errors import KernelError, NotYetSupportedError, SASError
+from sas.resources import data_folder
+
+if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
+    from importlib.resources.abc import Traversable
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
 TEMPLATE_VERSION = "3"
@@ -122,19 +128,25 @@ def _check_launch(num_warps: Any, num_stages: Any, who: str) -> None:
 # --- templates -------------------------------------------------------------------------------
 
 
-def template_dir() -> Path:
+def template_dir() -> Traversable:
+    """The folder of the Triton templates: `$SAS_TEMPLATE_DIR/triton` when that variable is set
+    (to try edited templates), else the templates that ship with sas (`sas.resources`)."""
     env = os.environ.get("SAS_TEMPLATE_DIR")
     if env:
         return Path(env) / "triton"
-    return Path(__file__).resolve().parents[2] / "templates" / "triton"
+    return data_folder("templates") / "triton"
 
 
 @lru_cache(maxsize=None)
-def _environment(path: str):
-    import jinja2
-
+def _environment(root: Traversable) -> jinja2.Environment:
+    """A jinja2 environment over `root`: a FileSystemLoader on a real folder (it reloads
+    edited templates), else a loader reading through importlib.resources (a zipped install)."""
+    if isinstance(root, Path):
+        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(root))
+    else:
+        loader = jinja2.FunctionLoader(lambda name: (root / name).read_text(encoding="utf-8"))
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(path),
+        loader=loader,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -144,11 +156,11 @@ def _environment(path: str):
 
 
 def _render(template: str, **context: Any) -> str:
-    path = template_dir()
-    if not (path / template).is_file():
-        raise KernelError(f"kernel template {template!r} not found in {path} (set SAS_TEMPLATE_DIR "
+    root = template_dir()
+    if not (root / template).is_file():
+        raise KernelError(f"kernel template {template!r} not found in {root} (set SAS_TEMPLATE_DIR "
                           f"to the folder holding triton/{template})")
-    source = _environment(str(path)).get_template(template).render(**context)
+    source = _environment(root).get_template(template).render(**context)
     try:
         compile(source, template, "exec")
     except SyntaxError as e:  # a template bug, never user input: say where

@@ -1,6 +1,7 @@
 """The `.sas` text front-end: parse pattern definitions written in the small text language.
 
-The grammar lives in `grammar/sas.lark` at the top of the repository. A `.sas` file is a
+The grammar lives in `grammar/sas.lark` at the top of the repository (inside the package,
+`sas/grammar/`, once installed from a wheel; see `sas.resources`). A `.sas` file is a
 list of definitions `name = expression` (one per line or `;`-separated, `#` comments) over
 the same primitives and operators as a Python pattern script, with Python's operator
 precedence, so the same expression text means the same pattern in both front-ends:
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lark import Lark, Token, Tree
@@ -29,10 +29,12 @@ from sas.lang import ops
 from sas.lang.ops import OpChain
 from sas.lang.pattern import Pattern
 from sas.lang.primitives import Causal, Diag, Dynamic, Rect
+from sas.resources import data_folder
 
 __all__ = ["parse_sas", "load_sas", "GRAMMAR_PATH"]
 
-GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "sas.lark"
+#: The grammar file: `grammar/sas.lark` beside the package, or inside it in a wheel install.
+GRAMMAR_PATH = data_folder("grammar") / "sas.lark"
 
 #: The primitives a `.sas` expression may call, by name.
 PRIMITIVES: dict[str, Callable[..., Pattern]] = {
