@@ -3,16 +3,26 @@
 A `.py` script is run in a fresh module namespace and must leave its pattern in the
 module-level variable `pattern`. A `.sas` file is parsed by `sas.lang.text` (never run as
 Python); its pattern is the definition named `pattern`, or the last definition.
+
+Scripts load in isolation: like `python script.py`, a script may import the modules beside
+it (`from common import W`), and those are its own. Modules of the same names loaded before
+(by another script, or from elsewhere) are hidden while it runs, the modules it loads from
+its folder are dropped from `sys.modules` afterwards, and `sys.path` is restored; so two
+scripts in different folders that each import their own `common` each get theirs.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import os
 import runpy
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from types import ModuleType
+from typing import Callable, Iterator
 
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
@@ -25,25 +35,83 @@ __all__ = ["load_pattern", "LOADERS"]
 _RUN_NAME = "__sas_pattern__"
 
 
+#: Packages a script folder never shadows: the loader's own (a script beside a checkout of
+#: sas must build its pattern from the same classes the loader checks against).
+_NEVER_SHADOWED = frozenset({"sas"})
+
+
+def _local_module_names(folder: Path) -> set[str]:
+    """Top-level modules and regular packages in `folder` (a folder without `__init__.py`
+    would only be a namespace portion, which loses to a regular package of the same name)."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    names: set[str] = set()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return names
+    for entry in entries:
+        if entry.is_dir():
+            if entry.name.isidentifier() and os.path.isfile(os.path.join(entry.path, "__init__.py")):
+                names.add(entry.name)
+        elif entry.name.endswith(suffixes):
+            name = entry.name.split(".", 1)[0]
+            if name.isidentifier():
+                names.add(name)
+    return names - _NEVER_SHADOWED
+
+
+def _loaded_from(module: ModuleType | None, name: str, folder: Path) -> bool:
+    """Is `module`, the top-level module `name`, the one in `folder` (a module file there, or
+    the package, regular or namespace, `folder/name`)?"""
+    places = [getattr(module, "__file__", None)]
+    places += [str(Path(p) / "__init__.py") for p in (getattr(module, "__path__", None) or [])]
+    for place in places:
+        if isinstance(place, str):
+            parent = Path(place).resolve().parent
+            if parent == folder or parent == folder / name:
+                return True
+    return False
+
+
+@contextmanager
+def _isolated_imports(folder: Path) -> Iterator[None]:
+    """Let code import the modules in `folder` as its own, and only while it runs: modules of
+    the same names imported before are hidden meanwhile and put back afterwards; the modules
+    it imports from `folder` are dropped (others, such as torch, stay imported); `sys.path` is
+    restored."""
+    saved_path = list(sys.path)
+    before = set(sys.modules)
+    local = _local_module_names(folder)
+    hidden = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".", 1)[0] in local}
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        new = [name for name in sys.modules if name not in before or name in hidden]
+        ours = {top for top in {name.split(".", 1)[0] for name in new}
+                if top in local or (top not in before and top not in _NEVER_SHADOWED
+                                    and _loaded_from(sys.modules.get(top), top, folder))}
+        for name in new:
+            if name.split(".", 1)[0] in ours:
+                del sys.modules[name]
+        sys.modules.update(hidden)
+
+
 def _load_script(path: Path) -> Pattern:
     """Run a Python pattern script and return its module-level `pattern`."""
-    # Like `python script.py`, let the script import modules that sit next to it.
-    script_dir = str(path.parent.resolve())
-    sys.path.insert(0, script_dir)
     try:
-        namespace = runpy.run_path(str(path), run_name=_RUN_NAME)
+        with _isolated_imports(path.parent.resolve()):
+            namespace = runpy.run_path(str(path), run_name=_RUN_NAME)
     except SASError:
         raise
     except SyntaxError as e:
-        raise SASError(f"{path}: syntax error in pattern script at line {e.lineno}: {e.msg}") from e
+        where = f" at line {e.lineno}" if e.lineno else ""
+        raise SASError(f"{path}: syntax error in pattern script{where}: {e.msg}") from e
     except (Exception, SystemExit) as e:  # KeyboardInterrupt still stops the caller
         raise SASError(f"{path}: the pattern script failed{_script_line(e, path)}: "
                        f"{type(e).__name__}: {e}") from e
-    finally:
-        try:
-            sys.path.remove(script_dir)
-        except ValueError:
-            pass
     if "pattern" not in namespace:
         raise SASError(f"{path}: the script defines no module-level variable 'pattern'; "
                        f"assign the final pattern to it, e.g. `pattern = (window + sink) * Causal()`")
