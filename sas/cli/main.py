@@ -1,62 +1,107 @@
 """The `sas` command line: `inspect`, `plot` and `compile` a pattern script.
 
 A pattern script is a `.py` file that defines the variable `pattern`, or a `.sas` text file
-(`sas.lang.loader.load_pattern` reads both). Every `sas.errors.SASError` is reported as one
-`error: <message>` line on stderr with exit code 2, never as a traceback.
+(`sas.lang.loader.load_pattern` reads both). Every `sas.errors.SASError` and every bad option
+value is reported as one `error: <message>` line on stderr with exit code 2, never as a
+traceback; an exception of any other type is a bug in sas and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import click
+import numpy as np
 
-from sas.errors import SASError
+from sas.analysis import analyze
+from sas.cli.empty_rows import EmptyRows, empty_rows
+from sas.errors import AnalysisError, SASError
+from sas.lang.loader import load_pattern
+from sas.lang.pattern import Not
+from sas.lang.primitives import Rect
+
+# Imported where used, so that `sas inspect` of a static pattern never loads torch:
+# sas.dynamic (torch.fx), sas.cli.plotting (matplotlib), sas.codegen.compile (the kernel extras).
 
 DEFAULT_MAX_LEN = 16384
 DEFAULT_WINDOW = 64
 MAX_WINDOW = 4096
+#: The longest --max-len: 2**40 tokens (the static analysis works in int64 with room to spare).
+MAX_LEN = 1 << 40
 FALLBACK_BACKENDS = ("triton",)
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_LENGTH_FORMS = "a positive integer, optionally with a K, M or G suffix (16384, 16K, 1M)"
 
 
 class CLIError(click.ClickException):
-    """A user error: printed as `error: <message>` on stderr, exit code 2."""
+    """A user error: printed as one `error: <message>` line on stderr, exit code 2."""
 
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True, file=file)
+        message = " ".join(line.strip() for line in self.format_message().splitlines() if line.strip())
+        click.echo(f"error: {message}", err=True, file=file)
+
+
+def _usage_error(e: click.UsageError) -> CLIError:
+    """click's multi-line usage report (usage, hint, message) as one line."""
+    command = e.ctx.command_path if e.ctx is not None else "sas"
+    message = e.format_message().rstrip(".")
+    return CLIError(f"{message[:1].lower()}{message[1:]} (see `{command} --help`)")
+
+
+def _user_error(e: BaseException) -> CLIError | None:
+    """The `CLIError` for an exception caused by the user's input, None for a bug."""
+    if isinstance(e, CLIError):
+        return e
+    if isinstance(e, click.UsageError):
+        return _usage_error(e)
+    if isinstance(e, SASError):
+        return CLIError(str(e))
+    if isinstance(e, MemoryError):   # a size the machine cannot hold: say so, not a traceback
+        return CLIError(f"out of memory ({e or 'MemoryError'}); try a smaller --max-len")
+    return None
 
 
 class _SASGroup(click.Group):
-    """Turns every `SASError` raised by a command into a `CLIError`."""
+    """Turns every user error raised while parsing or running a command into a `CLIError`."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except (click.UsageError, SASError) as e:
+            raise _user_error(e) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SASError as e:
-            raise CLIError(str(e)) from None
+        except (click.UsageError, SASError, MemoryError) as e:
+            raise _user_error(e) from None
 
 
 def parse_length(text: str | int, what: str = "--max-len") -> int:
-    """'16384', '16K', '1M' (binary multiples: K = 1024) -> a positive int; CLIError otherwise."""
+    """'16384', '16K', '1M' (binary multiples: K = 1024) -> an int in [1, MAX_LEN]; CLIError otherwise."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+        m = re.fullmatch(r"\s*(\d{1,30})\s*([kKmMgG]?)\s*", str(text))
         if not m:
-            raise CLIError(f"{what} must be a positive integer, optionally with a K or M suffix "
-                           f"(16384, 16K, 1M), got {text!r}")
+            shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
+            raise CLIError(f"{what} must be {_LENGTH_FORMS}, got {shown!r}")
         value = int(m.group(1)) * _SUFFIXES[m.group(2).upper()]
-    if value <= 0:
-        raise CLIError(f"{what} must be a positive integer, optionally with a K or M suffix "
-                       f"(16384, 16K, 1M), got {text!r}")
+    if not 1 <= value <= MAX_LEN:
+        raise CLIError(f"{what} must be a positive integer no larger than 2**40 = {MAX_LEN} (1048576M), "
+                       f"got {text!r}" + (f" = {value}" if str(value) != str(text).strip() else ""))
     return value
 
 
@@ -80,26 +125,45 @@ def _positive_int(what: str, value: int, upper: int | None = None) -> int:
     return value
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what runs meanwhile prints to stdout to stderr instead (Python's sys.stdout and,
+    when it is the process's own, file descriptor 1), so that stdout holds only sas's output
+    (`--json` stays JSON when a pattern script prints)."""
+    sys.stdout.flush()
+    try:
+        fd_level = sys.stdout.fileno() == 1 and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):   # captured streams
+        fd_level = False
+    saved = os.dup(1) if fd_level else None
+    try:
+        if saved is not None:
+            os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def load(path: str) -> Any:
-    """The pattern defined by a `.py` script (variable `pattern`) or a `.sas` file."""
+    """The pattern defined by a `.py` script (variable `pattern`) or a `.sas` file; what a
+    script prints goes to stderr."""
     p = Path(path)
     if not p.exists():
         raise CLIError(f"pattern file not found: {path}")
     if p.is_dir():
         raise CLIError(f"{path} is a folder; give a pattern script (.py) or a .sas file")
     try:
-        from sas.lang.loader import load_pattern
-    except ImportError as e:   # the loader ships with the .sas front-end
-        raise CLIError(f"the pattern loader is not available ({e})") from None
-    try:
-        return load_pattern(p)
+        with _stdout_to_stderr():
+            return load_pattern(p)
     except OSError as e:
         raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _analyze(pattern: Any, max_len: int) -> Any:
-    from sas import analyze
-
     return analyze(pattern, max_len=max_len)
 
 
@@ -279,10 +343,6 @@ def _analyze_static(static: Any, max_len: int) -> Any:
     `analyze` refuses a pattern that attends no key ('... it is empty'), which is caught here
     and only here: every other analysis error is the user's.
     """
-    from sas.errors import AnalysisError
-    from sas.lang.pattern import Not
-    from sas.lang.primitives import Rect
-
     if static == Not(Rect()):
         return None
     try:
@@ -295,17 +355,17 @@ def _analyze_static(static: Any, max_len: int) -> Any:
 
 def inspect_dynamic(pattern: Any, max_len: int) -> DynamicInspection:
     """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic."""
-    from sas.dynamic import analyze_fusion, plan_dynamic
-
+    from sas.dynamic import analyze_fusion, plan_dynamic   # torch: only for Dynamic patterns
     from sas.dynamic.cache_plan import dynamic_cache_plan
-    from sas.errors import NotYetSupportedError
 
     plan = plan_dynamic(pattern, max_len=max_len)
     bound = _analyze(pattern, max_len)
     try:
         runtime, why = dynamic_cache_plan(plan, max_len), None
-    except NotYetSupportedError as e:
+    except SASError as e:   # the kernels cannot run it (not yet, or not at this size): say why
         runtime, why = None, str(e)
+    except MemoryError:
+        runtime, why = None, f"its run-time tables for max_len={max_len} do not fit in memory"
     # the run-time layout analyses the static part already; analyse it here only without one
     static = runtime.static_analysis if runtime is not None else _analyze_static(plan.static, max_len)
     return DynamicInspection(pattern, max_len, plan, static, bound, analyze_fusion(plan.score), runtime, why)
@@ -373,10 +433,8 @@ def format_dynamic_inspect(d: DynamicInspection) -> str:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("sas")
-    except Exception:   # running from a source tree that is not installed
+    except PackageNotFoundError:   # running from a source tree that is not installed
         return "unknown"
 
 
@@ -420,16 +478,26 @@ def inspect(pattern: str, max_len: int, as_json: bool) -> None:
     p = load(pattern)
     if _has_dynamic(p):
         d = inspect_dynamic(p, max_len)
+        empty = empty_rows(p, max_len, d.bound.structure)
         if as_json:
-            click.echo(json.dumps(d.report(), indent=2))
+            click.echo(json.dumps({**d.report(), "queries_without_keys": empty.report()}, indent=2))
         else:
             click.echo(format_dynamic_inspect(d), nl=False)
-        return
-    analysis = _analyze(p, max_len)
-    if as_json:
-        click.echo(json.dumps({**analysis.report(), "dynamic": False}, indent=2))
     else:
-        click.echo(format_inspect(analysis), nl=False)
+        analysis = _analyze(p, max_len)
+        empty = empty_rows(p, max_len, analysis.structure)
+        if as_json:
+            click.echo(json.dumps({**analysis.report(), "dynamic": False,
+                                   "queries_without_keys": empty.report()}, indent=2))
+        else:
+            click.echo(format_inspect(analysis), nl=False)
+    _warn_empty_rows(empty)
+
+
+def _warn_empty_rows(empty: EmptyRows) -> None:
+    """A `warning:` line on stderr when some queries attend no key."""
+    if empty.count:
+        click.echo(f"warning: {empty.describe()}", err=True)
 
 
 def _has_dynamic(pattern: Any) -> bool:
@@ -437,15 +505,16 @@ def _has_dynamic(pattern: Any) -> bool:
     return bool(dynamics()) if callable(dynamics) else False
 
 
-@cli.command(short_help="Draw the mask with its groups and the KV-cache trace as a PNG.")
+@cli.command(short_help="Draw the mask with its groups and the KV-cache trace (PNG, JPEG, SVG, PDF).")
 @click.argument("pattern", metavar="PATTERN")
-@click.option("-o", "--output", required=True, metavar="FILE.png",
-              help="PNG file to write (folders are created; replaced atomically).")
+@click.option("-o", "--output", required=True, metavar="FILE",
+              help="Image to write, in the format of its extension: .png, .jpg/.jpeg, .svg or .pdf "
+                   "(folders are created; replaced atomically).")
 @_max_len_option
 @click.option("--window", "-w", type=int, default=DEFAULT_WINDOW, show_default=True, metavar="W",
               help=f"Draw the first W queries and keys (at most {MAX_WINDOW}).")
 def plot(pattern: str, output: str, max_len: int, window: int) -> None:
-    """Draw PATTERN's mask with its groups and its KV-cache trace as a PNG.
+    """Draw PATTERN's mask with its groups and its KV-cache trace into an image.
 
     Left: the mask of the first W x W queries (rows) and keys (columns) with the outline
     of every decomposition group that meets the window (paper Figures 9/10). Right: the
@@ -453,12 +522,12 @@ def plot(pattern: str, output: str, max_len: int, window: int) -> None:
     drawn), colored active (attended), inactive (cached but masked) or empty (paper
     Figure 11). A non-causal pattern has no decode cache: only its mask is drawn.
     """
-    from sas.cli.plotting import plot_analysis, plot_mask_only
-    from sas.errors import AnalysisError
+    from sas.cli.plotting import figure_format, plot_analysis, plot_mask_only   # matplotlib
 
     window = _positive_int("--window", window, MAX_WINDOW)
     if output.endswith(("/", "\\")) or Path(output).is_dir():
         raise CLIError(f"-o/--output must be a file name such as out/pattern.png, got the folder {output!r}")
+    figure_format(output)   # refuse an extension it cannot write before any work
     p = load(pattern)
     try:
         analysis = _analyze(p, max_len)
@@ -482,15 +551,13 @@ def plot(pattern: str, output: str, max_len: int, window: int) -> None:
 
 def _upper_triangle(pattern: Any, w: int) -> bool:
     """Does the pattern attend a later key within the first w x w?"""
-    import numpy as np
-
     return bool(np.triu(pattern.to_mask(w), 1).any())
 
 
 def _backends() -> tuple[str, ...]:
     try:
-        from sas.codegen.compile import BACKENDS
-    except Exception:
+        from sas.codegen.compile import BACKENDS   # the kernel extras may be missing
+    except ImportError:
         return FALLBACK_BACKENDS
     return tuple(BACKENDS)
 
@@ -500,31 +567,42 @@ def _backends() -> tuple[str, ...]:
 @click.option("--backend", "-b", default="triton", show_default=True, metavar="NAME",
               help="Kernel backend (available: " + ", ".join(FALLBACK_BACKENDS) + ").")
 @click.option("-o", "--output", required=True, metavar="DIR",
-              help="Folder to write the kernel modules and report to (replaced as a whole).")
+              help="Folder to write the kernel modules and report to: a new or empty folder, or one "
+                   "sas compile wrote before (replaced as a whole); a symlink's target is written.")
+@click.option("--force", is_flag=True,
+              help="Replace DIR even when it holds files that sas compile did not write.")
 @_max_len_option
 @click.option("--head-dim", type=int, default=128, show_default=True, help="Attention head dimension.")
 @click.option("--dtype", default="bfloat16", show_default=True,
               help="Element type: bfloat16, float16 or float32.")
-def compile_(pattern: str, backend: str, output: str, max_len: int, head_dim: int, dtype: str) -> None:
+def compile_(pattern: str, backend: str, output: str, force: bool, max_len: int, head_dim: int,
+             dtype: str) -> None:
     """Generate kernels for PATTERN into the folder given by -o.
 
     Writes prefill.py, decode.py (causal patterns), report.json and report.md; for a pattern
     with a Dynamic component prefill.py, static_decode.py, dynamic_decode.py (kernels and a
     `Runtime` for prefill + decode) and dynamic_tables.pt instead of decode.py. The folder is
-    written whole or not at all.
+    written whole or not at all: into a temporary folder beside it, renamed into place.
+
+    An existing DIR is replaced only when it is empty or holds sas compile's own output (its
+    report.json); any other folder needs --force. A symlink is kept and the folder it points
+    to is written. The home folder and the current folder (or one holding it) are refused.
     """
     valid = _backends()
     if backend not in valid:
         raise CLIError(f"unknown backend {backend!r}; valid backends: {', '.join(valid)}")
-    p = load(pattern)
     try:
-        from sas.codegen.compile import compile_pattern
+        from sas.codegen.compile import check_output_folder, compile_pattern   # the kernel extras
     except ImportError as e:
         raise CLIError(f"the {backend} backend cannot be loaded (sas.codegen.compile: {e}); "
                        f"install the kernel extras: pip install 'sas[kernels]'") from None
-    report = compile_pattern(p, output, backend=backend, max_len=max_len, head_dim=head_dim, dtype=dtype)
+    target = check_output_folder(output, force)   # before any work: refuse what it must not replace
+    p = load(pattern)
+    report = compile_pattern(p, output, backend=backend, max_len=max_len, head_dim=head_dim, dtype=dtype,
+                             force=force)
+    where = f"{output} (a symlink: wrote its target {target})" if Path(output).is_symlink() else output
     files = ", ".join(report.get("files", [])) if isinstance(report, dict) else ""
-    click.echo(f"wrote {output}" + (f": {files}" if files else ""))
+    click.echo(f"wrote {where}" + (f": {files}" if files else ""))
     if isinstance(report, dict) and report.get("dynamic"):
         click.echo(f"KV cache: {report['cache_size']} slots = {report['static_slots']} static + "
                    f"{report['pool_slots']} pool (dense: {report['dense_cache_size']})")

@@ -10,6 +10,8 @@ The trace comes from the event simulator (`sas.analysis.events.simulate`). It is
 rebuilt from the synthesized functions (`mask_func`, `slot_key_func`, `last_use`); when the
 two disagree on an active cell, or the pattern has no events (the per-token fallback), the
 function trace is drawn and a warning says so.
+
+The figure is written in the format its file name's extension names (`FIGURE_FORMATS`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 
 import numpy as np
 import shapely
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from shapely.geometry.base import BaseGeometry
 
 from sas.analysis.events import ACTIVE, EMPTY, INACTIVE, simulate
@@ -30,6 +35,8 @@ from sas.ir.polygons import mask_polygon
 MAX_SLOTS = 256
 STATE_COLORS = {EMPTY: "#ffffff", INACTIVE: "#f5b041", ACTIVE: "#1f618d"}
 MASK_COLOR = "#aab7c4"
+#: File extension -> the matplotlib format written for it (JPEG through pillow).
+FIGURE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
 GROUP_COLORS = ("#c0392b", "#27ae60", "#8e44ad", "#d35400", "#2980b9", "#16a085", "#7f8c8d",
                 "#f1c40f", "#e84393", "#2c3e50")
 
@@ -158,10 +165,6 @@ def draw(pattern: Any, window: int, analysis: Any = None, state: np.ndarray | No
          slots: np.ndarray | None = None, trace_source: str = "", reason: str = ""):
     """The matplotlib Figure (Agg canvas; no pyplot state). Without an analysis (a pattern
     that cannot be decoded) panel (b) says why instead of drawing a trace."""
-    from matplotlib.colors import ListedColormap
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
     w = window
     mask = pattern.to_mask(w)
 
@@ -234,14 +237,27 @@ def draw(pattern: Any, window: int, analysis: Any = None, state: np.ndarray | No
     return fig
 
 
-def write_png(fig: Any, output: str | os.PathLike) -> None:
-    """Save to a temporary file beside `output`, then rename it into place."""
+def figure_format(output: str | os.PathLike) -> str:
+    """The format `output`'s extension names (`FIGURE_FORMATS`); SASError for any other."""
+    suffix = Path(output).suffix.lower()
+    if suffix not in FIGURE_FORMATS:
+        valid = ", ".join(FIGURE_FORMATS)
+        got = f"the extension {Path(output).suffix!r}" if suffix else "no extension"
+        raise SASError(f"cannot tell the image format of {os.fspath(output)!r} ({got}); "
+                       f"give a file name ending in one of {valid}")
+    return FIGURE_FORMATS[suffix]
+
+
+def write_figure(fig: Any, output: str | os.PathLike) -> None:
+    """Save in the format of `output`'s extension to a temporary file beside it, then rename
+    it into place."""
+    fmt = figure_format(output)
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format=fmt)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -249,7 +265,7 @@ def write_png(fig: Any, output: str | os.PathLike) -> None:
 
 
 def plot_analysis(analysis: Any, output: str | os.PathLike, window: int = 64) -> dict[str, Any]:
-    """Draw panels (a) and (b) for `analysis` into the PNG `output`; returns what was drawn."""
+    """Draw panels (a) and (b) for `analysis` into the image `output`; returns what was drawn."""
     w = min(window, analysis.max_len)
     state, slots, source, warnings = kv_trace(analysis, w)
     _save(draw(analysis.pattern, w, analysis, state, slots, source), output)
@@ -265,6 +281,6 @@ def plot_mask_only(pattern: Any, output: str | os.PathLike, window: int, reason:
 
 def _save(fig: Any, output: str | os.PathLike) -> None:
     try:
-        write_png(fig, output)
+        write_figure(fig, output)
     except OSError as e:
         raise SASError(f"cannot write {output}: {e.strerror or e}") from None

@@ -48,9 +48,11 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
                     max_len: int = 16384, head_dim: int = 128, dtype: Any = "bfloat16",
                     num_heads: int = 1, num_kv_heads: int | None = None, batch: int = 1,
                     prefill_options: PrefillOptions | None = None,
-                    decode_options: DecodeOptions | None = None, analysis: Any = None) -> dict[str, Any]:
-    """Render the pattern's kernels for `backend` into `out_dir` (replaced if it exists) and
-    return the report (also written as report.json / report.md)."""
+                    decode_options: DecodeOptions | None = None, analysis: Any = None,
+                    force: bool = False) -> dict[str, Any]:
+    """Render the pattern's kernels for `backend` into `out_dir` and return the report (also
+    written as report.json / report.md). An existing `out_dir` is replaced when it is empty or
+    sas wrote it, any other only with `force=True` (`check_output_folder`)."""
     if not isinstance(pattern, Pattern):
         raise SASError(f"compile_pattern: pattern must be a sas Pattern, got {type(pattern).__name__}")
     if backend not in BACKENDS:
@@ -65,10 +67,11 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads or batch <= 0:
         raise KernelError(f"compile_pattern: num_heads={num_heads} must be a positive multiple of "
                           f"num_kv_heads={num_kv_heads}, batch={batch} positive")
+    check_output_folder(out_dir, force)   # before any work: refuse a folder it must not replace
     if pattern.dynamics():
         files, report = _dynamic_files(pattern, backend, max_len, head_dim, dtype_name, num_heads, num_kv_heads,
                                        batch, prefill_options, decode_options)
-        _write_folder(Path(out_dir), files)
+        _write_folder(Path(out_dir), files, force)
         return report
     from sas.codegen.triton_backend import auto_prefill_options
 
@@ -131,7 +134,7 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     report["files"] += ["report.json", "report.md"]
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     files["report.md"] = _markdown(report)
-    _write_folder(out_dir, files)
+    _write_folder(out_dir, files, force)
     return report
 
 
@@ -206,18 +209,74 @@ def _dynamic_files(pattern: Pattern, backend: str, max_len: int, head_dim: int, 
     return files, report
 
 
-def _write_folder(out_dir: Path, files: dict[str, str | bytes]) -> None:
+#: report.json keys that mark a folder as `compile_pattern`'s own output (it may replace it)
+_OUTPUT_MARKER_KEYS = ("template_version", "backend", "files")
+
+
+def _written_by_sas(folder: Path) -> bool:
+    """Does `folder` hold a report.json that `compile_pattern` wrote?"""
+    try:
+        report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return (isinstance(report, dict) and all(k in report for k in _OUTPUT_MARKER_KEYS)
+            and isinstance(report["files"], list) and "report.json" in report["files"])
+
+
+def check_output_folder(out_dir: str | os.PathLike, force: bool = False) -> Path:
+    """The folder `compile_pattern` will write for `out_dir`, after checking that it may.
+
+    A new or empty folder, or one that sas compile wrote before (its report.json), is
+    replaced; any other non-empty folder only with `force=True`. A symlink is never replaced:
+    the folder it points to is written (a dangling symlink is refused). The home folder and
+    the current folder or any folder holding it are refused even with `force`. Raises
+    `KernelError` naming the folder and what would be valid; touches nothing.
+    """
+    given = Path(out_dir)
+    if given.is_symlink():
+        target = given.resolve()
+        if not target.exists():
+            raise KernelError(f"compile_pattern: output {given} is a symlink to {target}, which does not "
+                              f"exist; create that folder or give another output folder")
+    else:
+        target = given.resolve()
+    if target.exists() and not target.is_dir():
+        link = f" (a symlink to {target})" if given.is_symlink() else ""
+        raise KernelError(f"compile_pattern: output {given}{link} exists and is not a folder; "
+                          f"give a new or empty folder")
+    cwd = Path.cwd().resolve()
+    if target == Path.home().resolve() or target == cwd or target in cwd.parents:
+        what = "the home folder" if target == Path.home().resolve() else "the current folder or holds it"
+        raise KernelError(f"compile_pattern: refusing to replace {target}: it is {what}; "
+                          f"give a new or empty folder such as build/kernels")
+    if target.is_dir() and not force and not _written_by_sas(target):
+        try:
+            entries = sorted(p.name for p in target.iterdir())
+        except OSError as e:
+            raise KernelError(f"compile_pattern: cannot read output folder {target}: {e.strerror or e}") from None
+        if entries:
+            shown = ", ".join(entries[:5]) + (f", ... ({len(entries)} entries)" if len(entries) > 5 else "")
+            raise KernelError(
+                f"compile_pattern: output folder {given} is not empty ({shown}) and was not written by "
+                f"sas compile (no report.json of sas); it would be replaced as a whole: give a new or "
+                f"empty folder, or force it (sas compile --force, compile_pattern(..., force=True))")
+    return target
+
+
+def _write_folder(out_dir: Path, files: dict[str, str | bytes], force: bool = False) -> None:
     """Write `files` into a temporary sibling folder, then rename it into place (a failed
-    write leaves the old folder, or nothing)."""
-    parent = out_dir.resolve().parent
+    write leaves the old folder, or nothing). `check_output_folder` says which folder that
+    is (the target of a symlink) and refuses folders sas did not write unless `force`."""
+    target = check_output_folder(out_dir, force)
+    parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
     except OSError as e:
-        raise KernelError(f"compile_pattern: cannot create output folder {out_dir}: {e}") from None
+        raise KernelError(f"compile_pattern: cannot create output folder {out_dir}: {e.strerror or e}") from None
     old = None
     try:
         for name, data in files.items():
@@ -225,17 +284,15 @@ def _write_folder(out_dir: Path, files: dict[str, str | bytes]) -> None:
                 (tmp / name).write_bytes(data)
             else:
                 (tmp / name).write_text(data)
-        if out_dir.exists() or out_dir.is_symlink():
-            if not out_dir.is_dir():
-                raise KernelError(f"compile_pattern: {out_dir} exists and is not a folder")
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=parent))
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
             os.rmdir(old)
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
+            os.replace(target, old)
+        os.replace(tmp, target)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out_dir.exists():
-            os.replace(old, out_dir)
+        if old is not None and not target.exists():
+            os.replace(old, target)
             old = None
         if isinstance(e, OSError):
             raise KernelError(f"compile_pattern: writing {out_dir} failed: {e}") from None
