@@ -68,7 +68,8 @@ def _user_error(e: BaseException) -> CLIError | None:
     if isinstance(e, SASError):
         return CLIError(str(e))
     if isinstance(e, MemoryError):   # a size the machine cannot hold: say so, not a traceback
-        return CLIError(f"out of memory ({e or 'MemoryError'}); try a smaller --max-len")
+        return CLIError(f"out of memory: {e or 'MemoryError'} (the pattern's sizes or --max-len need more "
+                        f"memory than this machine has)")
     return None
 
 
