@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import sas.cli.main as main
 from sas.cli.main import MAX_LEN, cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,3 +272,19 @@ def test_dynamic_pattern_counts_its_region_as_keys(tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["queries_without_keys"]["count"] == 200
     assert "200 of the first 300" in r.stderr and "2 in every 3" in r.stderr
+
+
+def test_bare_sas_still_shows_the_help():
+    r = run()
+    assert "Usage: sas [OPTIONS] COMMAND" in r.output and "error:" not in r.output
+
+
+def test_an_internal_error_is_not_dressed_up_as_a_user_error(monkeypatch):
+    """Only user errors become `error:` lines; an exception of another type is a bug and
+    must surface as itself (a traceback outside CliRunner)."""
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(main, "analyze", broken)
+    r = run("inspect", EXAMPLES / "sliding_window.py")
+    assert isinstance(r.exception, ZeroDivisionError) and "error:" not in r.stderr

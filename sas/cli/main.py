@@ -40,6 +40,8 @@ MAX_LEN = 1 << 40
 FALLBACK_BACKENDS = ("triton",)
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _LENGTH_FORMS = "a positive integer, optionally with a K, M or G suffix (16384, 16K, 1M)"
+#: click >= 8.2 reports a bare `sas` as this usage error, shown as the help text: keep it so
+_HELP_FOR_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class CLIError(click.ClickException):
@@ -59,18 +61,17 @@ def _usage_error(e: click.UsageError) -> CLIError:
     return CLIError(f"{message[:1].lower()}{message[1:]} (see `{command} --help`)")
 
 
-def _user_error(e: BaseException) -> CLIError | None:
-    """The `CLIError` for an exception caused by the user's input, None for a bug."""
-    if isinstance(e, CLIError):
+def _user_error(e: click.UsageError | SASError | MemoryError) -> click.ClickException:
+    """What to show for an exception caused by the user's input (any other type is a bug
+    and keeps its traceback)."""
+    if isinstance(e, (CLIError, _HELP_FOR_NO_ARGS)):
         return e
     if isinstance(e, click.UsageError):
         return _usage_error(e)
-    if isinstance(e, SASError):
-        return CLIError(str(e))
     if isinstance(e, MemoryError):   # a size the machine cannot hold: say so, not a traceback
         return CLIError(f"out of memory: {e or 'MemoryError'} (the pattern's sizes or --max-len need more "
                         f"memory than this machine has)")
-    return None
+    return CLIError(str(e))
 
 
 class _SASGroup(click.Group):
@@ -445,7 +446,8 @@ def cli() -> None:
     """sas: the sparse attention synthesizer.
 
     PATTERN is a Python script that defines the variable `pattern` (see examples/) or a
-    `.sas` text file. Lengths accept K and M suffixes (16K = 16384, 1M = 1048576).
+    `.sas` text file. Lengths accept K, M and G suffixes (16K = 16384, 1M = 1048576), up to
+    2**40.
 
     \b
     Examples:
