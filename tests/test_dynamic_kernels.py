@@ -22,6 +22,8 @@ from helpers.h2o import plain_h2o, region_last_use
 from helpers.table1 import TABLE1_H2O
 from strategies import static_plus_h2o
 
+pytestmark = pytest.mark.kernels
+
 
 def run_kernel(pattern, q, k, v, prefill, *, dtype=torch.float32, max_len=64, other_inputs=None):
     """Prefill then one decode step per remaining token; returns the outputs [B, Hq, N, D] and

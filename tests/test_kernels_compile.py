@@ -18,6 +18,8 @@ from sas.errors import KernelError, NotYetSupportedError, SASError
 from helpers.attention import DEV, reference_attention
 from helpers.table1 import TABLE1_KERNELS
 
+pytestmark = pytest.mark.kernels
+
 STREAMING = TABLE1_KERNELS["streaming_llm"]
 
 

@@ -22,6 +22,8 @@ from helpers.attention import DEV, TOL, qkv, reference_attention, rel_error
 from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns
 
+pytestmark = pytest.mark.kernels
+
 PO = PrefillOptions(block_m=32, block_n=16, num_warps=4, num_stages=1)
 DO = DecodeOptions(block_n=16, num_warps=4, num_stages=1)
 

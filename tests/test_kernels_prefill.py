@@ -20,6 +20,8 @@ from helpers.attention import DEV, TOL, qkv, reference_attention, rel_error
 from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns
 
+pytestmark = pytest.mark.kernels
+
 SMALL = PrefillOptions(block_m=32, block_n=16, num_warps=4, num_stages=1)
 
 
