@@ -25,6 +25,22 @@ def brute_cache_size(mask: np.ndarray) -> int:
     return int(np.cumsum(diff)[:-1].max()) if n else 0
 
 
+def brute_candidates_at_once(region: np.ndarray) -> int:
+    """max_i |{j : first(j) <= i <= last(j)}|, with first/last the first and last row of column j
+    that is on in `region`: the most keys a dynamic region holds as candidates at once within
+    the mask's rows (`plan_dynamic`'s `capacity` is this over all rows, so never smaller)."""
+    n = region.shape[0]
+    used = region.any(axis=0)
+    if not used.any():
+        return 0
+    first = np.argmax(region, axis=0)[used]
+    last = (n - 1 - np.argmax(region[::-1], axis=0))[used]
+    diff = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(diff, first, 1)
+    np.add.at(diff, last + 1, -1)
+    return int(np.cumsum(diff)[:-1].max())
+
+
 def decode_with_functions(analysis, mask: np.ndarray, cache_id_func=None, slot_key_func=None, mask_func=None) -> None:
     """Decode token by token with the synthesized functions and compare with the mask rows.
 

@@ -14,18 +14,23 @@ Public names:
     leaves()                      one primitive
     rects(), diags(), dynamics()  one primitive of that kind
     spread_units(max_depth=2)     a bounded unit for the left side of `>>`
+    static_plus_h2o(...)          (static, budget) for `static + (Causal() * ~static) *
+                                  Dynamic(budget)` that the dynamic runtime accepts
 """
 
 from __future__ import annotations
 
 import functools
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
-from sas import Causal, Diag, Dynamic, Pattern, Rect, ops
+from sas import Causal, Diag, Dynamic, Pattern, Rect, analyze, ops
+
+from analysis_checks import brute_candidates_at_once
 
 __all__ = ["patterns", "causal_patterns", "leaves", "rects", "diags", "dynamics",
-           "spread_units", "MAX_PARAM", "MAX_UNIT"]
+           "spread_units", "static_plus_h2o", "MAX_PARAM", "MAX_UNIT"]
 
 MAX_PARAM = 8   # largest size / stride / range length
 MAX_UNIT = 4    # largest spread unit side
@@ -159,3 +164,29 @@ def patterns(max_depth: int = 4) -> st.SearchStrategy[Pattern]:
 def causal_patterns(max_depth: int = 4) -> st.SearchStrategy[Pattern]:
     """`patterns(max_depth) * Causal()`: every cell with j > i is off."""
     return patterns(max_depth).map(lambda p: p * Causal())
+
+
+# --- dynamic compositions ------------------------------------------------------------------------
+
+@st.composite
+def static_plus_h2o(draw, max_depth: int = 3, max_budget: int = 5, horizon: int = 122,
+                    max_len: int = 64) -> tuple[Pattern, int]:
+    """(static, budget) such that `static + (Causal() * ~static) * Dynamic(budget=budget)` (paper
+    Table 6: H2O on what a static pattern leaves uncovered) is valid for the dynamic runtime at
+    `max_len`, by construction rather than by rejecting what the code under test refuses:
+
+    - `static` is any causal composition without a Dynamic (`causal_patterns(max_depth)`);
+    - its region `Causal() * ~static` has a cell within `horizon` rows;
+    - the budget is drawn from 1 .. the most candidates that region holds at once within
+      `horizon` rows (brute force over the oracle mask; `plan_dynamic` refuses a budget above
+      the count over all rows, which is never smaller), capped at `max_budget`;
+    - the static part's own cache analysis at `max_len` (when it attends anything) has closed
+      forms: the dynamic runtime does not support table-driven static parts.
+    """
+    static = draw(causal_patterns(max_depth).filter(lambda p: not p.dynamics()))
+    region = Causal().to_mask(horizon) & ~static.to_mask(horizon)
+    capacity = brute_candidates_at_once(region)
+    assume(capacity > 0)
+    if static.to_mask(max_len).any():
+        assume(not analyze(static, max_len=max_len).tables)
+    return static, draw(st.integers(1, min(max_budget, capacity)))

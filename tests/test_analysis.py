@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,9 +12,9 @@ from sas.errors import AnalysisError, SASError
 
 from analysis_checks import (brute_cache_size, brute_last_use, c_semantics_functions,
                              decode_with_functions)
+from helpers.examples import EXAMPLES, example_pattern
+from helpers.table1 import TABLE1_ANALYSIS
 from strategies import causal_patterns, patterns
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # reference-figures.md: brute-force live KV at N = 16384
 TABLE1 = {
@@ -30,26 +27,9 @@ TABLE1 = {
 }
 
 
-def example(name: str):
-    return runpy.run_path(str(EXAMPLES / f"{name}.py"))["pattern"]
-
-
-def scaled_table1():
-    """The six Table-1 patterns with small constants, same structure."""
-    return {
-        "streaming_llm": (Diag(0, 12) + Rect(cols=(0, 3))) * Causal(),
-        "block_local": (Rect(size=(8, 8)) >> Diag(0, 3)) * Causal(),
-        "sliding_window": Diag(0, 10),
-        "openai_strided": (Diag(0, 6) + Diag(0, None, stride=6)) * Causal(),
-        "openai_fixed": ((Rect(size=(16, 16)) >> Diag(0, 1))
-                         + ((Rect(size=(16, 16)) * Rect(cols=(12, None))) >> Rect())) * Causal(),
-        "strided_block_local": (Rect(size=(16, 16)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
-    }
-
-
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_table1_cache_size_at_16k(name):
-    a = analyze(example(name), max_len=16384)
+    a = analyze(example_pattern(name), max_len=16384)
     assert a.cache_size == TABLE1[name]
     assert a.closed_form, a.notes
     assert not a.tables
@@ -57,7 +37,7 @@ def test_table1_cache_size_at_16k(name):
 
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_table1_cache_size_matches_brute_force(name):
-    p = example(name)
+    p = example_pattern(name)
     for n in (1000, 3000):
         assert analyze(p, n).cache_size == brute_cache_size(p.to_mask(n))
 
@@ -66,7 +46,7 @@ def test_table1_cache_size_matches_brute_force(name):
 def test_table1_slots_never_overwrite_live_keys(name):
     """Full-size patterns: bulk check of the slot assignment against brute-force lifetimes."""
     n = 4096
-    p = example(name)
+    p = example_pattern(name)
     a = analyze(p, n)
     mask = p.to_mask(n)
     L = brute_last_use(mask)
@@ -93,7 +73,7 @@ def test_table1_slots_never_overwrite_live_keys(name):
 
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_scaled_table1_decode_simulation(name):
-    p = scaled_table1()[name]
+    p = TABLE1_ANALYSIS[name]
     for n in (1, 37, 36, 120):
         mask = p.to_mask(n)
         a = analyze(p, n)
@@ -107,7 +87,7 @@ def test_scaled_table1_decode_simulation(name):
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_functions_keep_meaning_under_c_integer_division(name):
     """The synthesized functions lower to C-style // and % unchanged (Triton/CUDA/NKI)."""
-    p = scaled_table1()[name]
+    p = TABLE1_ANALYSIS[name]
     n = 100
     a = analyze(p, n)
     c = c_semantics_functions(a)
@@ -116,10 +96,10 @@ def test_functions_keep_meaning_under_c_integer_division(name):
 
 def test_length_independent_closed_forms():
     n = 1 << 20
-    assert analyze(example("openai_strided"), n).cache_size == n - 511
-    assert analyze(example("openai_fixed"), n).cache_size == 32 * (n // 256) + 224
+    assert analyze(example_pattern("openai_strided"), n).cache_size == n - 511
+    assert analyze(example_pattern("openai_fixed"), n).cache_size == 32 * (n // 256) + 224
     for name in ("streaming_llm", "block_local", "sliding_window", "strided_block_local"):
-        a = analyze(example(name), n)
+        a = analyze(example_pattern(name), n)
         assert a.cache_size == TABLE1[name] and a.closed_form
 
 
@@ -196,7 +176,7 @@ def test_not_a_pattern():
 def test_report_is_json_serializable():
     import json
 
-    a = analyze(example("streaming_llm"), 16384)
+    a = analyze(example_pattern("streaming_llm"), 16384)
     rep = json.loads(json.dumps(a.report()))
     assert rep["cache_size"] == 1056 and rep["closed_form"] is True
     assert "def cache_id_func" in rep["source"] and "def mask_func" in rep["source"]
@@ -217,7 +197,7 @@ def _trace_matches_functions(a, n):
 
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_event_simulation_trace_equals_mask_func(name):
-    p = scaled_table1()[name]
+    p = TABLE1_ANALYSIS[name]
     _trace_matches_functions(analyze(p, 72), 72)
 
 

@@ -16,8 +16,8 @@ from sas.analysis.events import ACTIVE, EMPTY, INACTIVE, simulate
 from sas.cli.main import cli, parse_length
 from sas.cli.plotting import kv_trace, last_use, trace_from_events, trace_from_functions, window_slots
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
+from helpers.examples import EXAMPLES, ROOT
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,97 +1,24 @@
 """The H2O policy of sas.dynamic.h2o against an independent step-by-step plain-Python reference
-written from docs/dynamic.md, on random inputs: identical kept key sets, attended sets and
-outputs. Covers paper Figure 7a (window + H2O) and the six Table-1 static patterns with H2O on
+written from docs/dynamic.md (tests/helpers/h2o.py), on random inputs: identical kept key sets,
+attended sets and outputs. Covers paper Figure 7a (window + H2O) and the six Table-1 static patterns with H2O on
 the region they leave uncovered (paper Table 6: `static + (Causal() * ~static) * Dynamic(...)`),
 scaled down."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
+import sas
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.dynamic import H2OState, dynamic_attention_reference, masked_attention, plan_dynamic
 from sas.errors import KernelError, NotYetSupportedError, PatternError, SASError
 
-
-# --- the independent reference -----------------------------------------------------------------
-
-def region_last_use(region_mask_long: np.ndarray, n: int) -> list[float]:
-    """Last row using each key in a mask computed far past n; inf when used up to the horizon."""
-    horizon = region_mask_long.shape[0]
-    out = []
-    for j in range(n):
-        rows = [i for i in range(horizon) if region_mask_long[i, j]]
-        if not rows:
-            out.append(-1)
-        elif rows[-1] >= horizon - 8:      # still in use at the horizon: unbounded
-            out.append(math.inf)
-        else:
-            out.append(rows[-1])
-    return out
-
-
-def plain_h2o(static_mask, region_mask, last_use, budget, refresh, q, k, v, prefill_len, reduce="sum"):
-    """Step-by-step H2O with Python floats, lists and sets, one (batch, KV head) at a time."""
-    B, Hq, N, D = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    scale = 1.0 / math.sqrt(D)
-    Q, K, V = q.tolist(), k.tolist(), v.tolist()
-    out = [[[[0.0] * D for _ in range(N)] for _ in range(Hq)] for _ in range(B)]
-    steps = [(0, max(prefill_len, 1))] + [(i, i + 1) for i in range(max(prefill_len, 1), N)]
-    held_log = [[[None] * Hkv for _ in range(B)] for _ in steps]
-    attended = [[[set() for _ in range(N)] for _ in range(Hkv)] for _ in range(B)]
-    for b in range(B):
-        for h in range(Hkv):
-            acc = {}
-            entered, expired, evicted = set(), set(), set()
-            for s_idx, (i0, i1) in enumerate(steps):
-                for i in range(i0, i1):
-                    for j in range(i1):
-                        if region_mask[i][j] and j not in entered:
-                            entered.add(j)
-                held = entered - expired - evicted
-                step_score = {}
-                for i in range(i0, i1):
-                    in_region = {j for j in held if region_mask[i][j]}
-                    if refresh and i0 > 0:
-                        loaded = set(sorted(in_region, key=lambda j: (acc.get(j, 0.0), j), reverse=True)[:budget])
-                    else:
-                        loaded = in_region
-                    A = {j for j in range(i1) if static_mask[i][j]} | loaded
-                    Z = A | in_region if refresh else A
-                    attended[b][h][i] = A
-                    for g in range(G):
-                        hq = h * G + g
-                        s = {j: sum(a * c for a, c in zip(Q[b][hq][i], K[b][h][j])) * scale for j in Z}
-                        if not A:
-                            continue
-                        m = max(s[j] for j in A)
-                        l = sum(math.exp(s[j] - m) for j in A)
-                        p = {j: math.exp(s[j] - m) / l for j in Z}
-                        out[b][hq][i] = [sum(p[j] * V[b][h][j][d] for j in A) for d in range(D)]
-                        for j in Z:
-                            if reduce == "sum":
-                                step_score[j] = step_score.get(j, 0.0) + p[j]
-                            else:
-                                step_score[j] = max(step_score.get(j, 0.0), p[j])
-                for j in range(i1):
-                    if j not in evicted:
-                        acc[j] = acc.get(j, 0.0) + step_score.get(j, 0.0)
-                for j in list(entered - expired):
-                    if last_use[j] < i1:
-                        expired.add(j)
-                if not refresh:
-                    held = entered - expired - evicted
-                    if len(held) > budget:
-                        lowest_first = sorted(held, key=lambda j: (acc[j], j))
-                        evicted.update(lowest_first[: len(held) - budget])
-                held_log[s_idx][b][h] = tuple(sorted(entered - expired - evicted))
-    return torch.tensor(out, dtype=torch.float64), held_log, attended
+from helpers.attention import qkv
+from helpers.examples import EXAMPLES, TABLE1_NAMES
+from helpers.h2o import plain_h2o, region_last_use
+from helpers.table1 import TABLE1_H2O
 
 
 def check_against_plain(static, region_pattern, dyn, *, N=28, prefill=10, B=2, Hq=4, Hkv=2, D=8, seed=0,
@@ -160,26 +87,10 @@ def test_gqa_groups_share_one_selection_per_kv_head():
 
 # --- Table 1 patterns with H2O on the uncovered region (paper Table 6), scaled down ---------------
 
-def _table1_scaled():
-    window = Diag(0, 4)
-    streaming = (window + Rect(cols=(0, 2))) * Causal()
-    block_local = (Rect(size=(4, 4)) >> Diag(0, 3)) * Causal()
-    sliding = Diag(0, 4)
-    strided = (Diag(0, 4) + Diag(0, None, stride=4)) * Causal()
-    block = Rect(size=(8, 8))
-    fixed = ((block >> Diag(0, 1)) + ((block * Rect(cols=(6, None))) >> Rect())) * Causal()
-    strided_block_local = (block >> Diag(0, 1)) * Rect(stride=2) * Causal()
-    return {"streaming_llm": streaming, "block_local": block_local, "sliding_window": sliding,
-            "openai_strided": strided, "openai_fixed": fixed, "strided_block_local": strided_block_local}
-
-
-TABLE1 = _table1_scaled()
-
-
-@pytest.mark.parametrize("name", sorted(TABLE1))
+@pytest.mark.parametrize("name", sorted(TABLE1_H2O))
 @pytest.mark.parametrize("refresh", [False, True])
 def test_table1_static_plus_h2o_matches_plain_reference(name, refresh):
-    static = TABLE1[name]
+    static = TABLE1_H2O[name]
     check_against_plain(static, Causal() * ~static, Dynamic(budget=3, refresh=refresh), N=26, prefill=9,
                         seed=len(name))
 
@@ -197,24 +108,17 @@ def test_table1_mask_checks_against_reference_figures():
         "openai_fixed": c & ((i // 8 == j // 8) | (j % 8 >= 6)),
         "strided_block_local": c & (i // 8 == j // 8) & (i % 2 == 0) & (j % 2 == 0),
     }
-    for name, p in TABLE1.items():
+    for name, p in TABLE1_H2O.items():
         assert (p.to_mask(n) == want[name]).all(), name
 
 
 # --- semantics checks that need no second implementation --------------------------------------
 
-def _rand(B, Hq, Hkv, N, D, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, Hq, N, D, generator=g, dtype=torch.float64),
-            torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64),
-            torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64))
-
-
 def test_budget_never_binding_equals_oracle_attention():
     """With a budget no region can exceed, nothing is evicted: attention over pattern.to_mask."""
     N = 20
     pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=N)
-    q, k, v = _rand(1, 2, 2, N, 4)
+    q, k, v = qkv(1, 2, 2, N, 4)
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=6)
     mask = torch.from_numpy(pattern.to_mask(N))[None, None].expand(1, 2, N, N)
     want, _ = masked_attention(q, k, v, mask)
@@ -225,7 +129,7 @@ def test_budget_never_binding_equals_oracle_attention():
 def test_prefill_attends_the_whole_region_then_evicts_to_budget():
     N, P = 16, 10
     pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=3)
-    q, k, v = _rand(1, 2, 1, N, 4, seed=2)
+    q, k, v = qkv(1, 2, 1, N, 4, seed=2)
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=P)
     oracle = torch.from_numpy(pattern.to_mask(N))
     assert (res.attended[0, 0, :P, :P] == oracle[:P, :P]).all()
@@ -245,7 +149,7 @@ def test_evicted_keys_never_return_and_static_cells_stay():
     N = 30
     static = (Diag(0, 3) + Diag(0, None, stride=5)) * Causal()
     pattern = static + (Causal() * ~static) * Dynamic(budget=2)
-    q, k, v = _rand(1, 1, 1, N, 4, seed=4)
+    q, k, v = qkv(1, 1, 1, N, 4, seed=4)
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=1)
     gone_at: dict[int, int] = {}       # key -> first query after its eviction
     S = torch.from_numpy(static.to_mask(N))
@@ -263,7 +167,7 @@ def test_evicted_keys_never_return_and_static_cells_stay():
 def test_refresh_keeps_everything_and_loads_budget_per_decode_step():
     N, P, B_ = 24, 6, 3
     pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=B_, refresh=True)
-    q, k, v = _rand(1, 1, 1, N, 4, seed=6)
+    q, k, v = qkv(1, 1, 1, N, 4, seed=6)
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=P)
     for r in res.steps:
         assert not r.evicted.any()
@@ -275,7 +179,7 @@ def test_refresh_keeps_everything_and_loads_budget_per_decode_step():
 def test_state_step_by_step_equals_reference_function():
     N = 18
     pattern = Diag(0, 2) + Diag(2, 6) * Dynamic(budget=2)
-    q, k, v = _rand(2, 2, 1, N, 4, seed=8)
+    q, k, v = qkv(2, 2, 1, N, 4, seed=8)
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=5)
     st = H2OState(plan_dynamic(pattern), 2, 1)
     outs = [st.step(q[:, :, :5], k[:, :, :5], v[:, :, :5])]
@@ -301,7 +205,7 @@ def test_external_scores_drive_selection():
     """SpecAttn-style: a draft model's attention supplied from outside decides the kept keys."""
     N, P = 16, 6
     pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
-    q, k, v = _rand(1, 1, 1, N, 4, seed=9)
+    q, k, v = qkv(1, 1, 1, N, 4, seed=9)
     draft = torch.zeros(1, 1, N, N, dtype=torch.float64)
     draft[..., 3] = 1.0                 # the draft model always looks at keys 3 and 5
     draft[..., 5] = 0.5
@@ -361,14 +265,9 @@ def test_reference_bad_inputs(kwargs, words):
 
 # --- full-size examples: the split and the summary (no attention run) ---------------------------------
 
-@pytest.mark.parametrize("name", ["streaming_llm", "block_local", "sliding_window", "openai_strided",
-                                  "openai_fixed", "strided_block_local"])
+@pytest.mark.parametrize("name", TABLE1_NAMES)
 def test_full_size_table1_examples_plan(name):
-    from pathlib import Path
-
-    import sas
-
-    static = sas.load_pattern(Path(__file__).parent.parent / "examples" / f"{name}.py")
+    static = sas.load_pattern(EXAMPLES / f"{name}.py")
     plan = plan_dynamic(static + (Causal() * ~static) * Dynamic(budget=512))
     assert plan.static == static and plan.capacity is None
     text = plan.summary()
@@ -376,10 +275,6 @@ def test_full_size_table1_examples_plan(name):
 
 
 def test_fig7a_example_file_plan():
-    from pathlib import Path
-
-    import sas
-
-    plan = plan_dynamic(sas.load_pattern(Path(__file__).parent.parent / "examples" / "fig7a_window_h2o.py"))
+    plan = plan_dynamic(sas.load_pattern(EXAMPLES / "fig7a_window_h2o.py"))
     assert plan.static == Diag(0, 2) and plan.capacity == 6
     assert list(plan.region_last_use([0, 1, 10])) == [7, 8, 17]

@@ -7,20 +7,20 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():  # must precede the first import of triton
-    os.environ["TRITON_INTERPRET"] = "1"
+from sas import Causal, Diag, Dynamic, Rect
+from sas.codegen import compile_pattern
+from sas.codegen.triton_backend import DecodeOptions, PrefillOptions
+from sas.errors import KernelError, NotYetSupportedError, SASError
 
-import pytest  # noqa: E402
+from helpers.attention import DEV, reference_attention
+from helpers.table1 import TABLE1_KERNELS
 
-from sas import Causal, Diag, Dynamic, Rect  # noqa: E402
-from sas.codegen import compile_pattern  # noqa: E402
-from sas.codegen.triton_backend import DecodeOptions, PrefillOptions  # noqa: E402
-from sas.errors import KernelError, NotYetSupportedError, SASError  # noqa: E402
+pytestmark = pytest.mark.kernels
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-STREAMING = (Diag(0, 24) + Rect(cols=(0, 4))) * Causal()
+STREAMING = TABLE1_KERNELS["streaming_llm"]
 
 
 def load(path, name):
@@ -29,13 +29,6 @@ def load(path, name):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-def reference(pattern, q, k, v):
-    L, D = q.shape[2], q.shape[3]
-    mask = torch.from_numpy(pattern.to_mask(L))
-    s = (q.double().cpu() @ k.double().cpu().transpose(-1, -2)) * D ** -0.5
-    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0) @ v.double().cpu()
 
 
 def test_compile_writes_standalone_modules_and_report(tmp_path):
@@ -63,7 +56,7 @@ def test_compile_writes_standalone_modules_and_report(tmp_path):
     L, P = 60, 40
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, L, 64, generator=g).to(DEV) for _ in range(3))
-    ref = reference(STREAMING, q, k, v)
+    ref = reference_attention(STREAMING, q, k, v)
     tiles = pre.build_tiles(P, device=DEV)
     o = pre.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P], *tiles)
     assert float((o.double().cpu() - ref[:, :, :P]).norm() / ref[:, :, :P].norm()) < 1e-4

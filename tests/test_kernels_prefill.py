@@ -5,109 +5,51 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():  # must precede the first import of triton
-    os.environ["TRITON_INTERPRET"] = "1"
+from sas import Causal, Diag, Dynamic, Rect
+from sas.codegen.triton_backend import PrefillOptions, prefill_module
+from sas.errors import KernelError, SASError
+from sas.ir.tiles import tile_map
+from sas.runtime import SASAttnKernel
 
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from helpers.attention import DEV, TOL, qkv, reference_attention, rel_error
+from helpers.table1 import TABLE1_KERNELS
+from strategies import causal_patterns
 
-from sas import Causal, Diag, Dynamic, Rect  # noqa: E402
-from sas.codegen.triton_backend import PrefillOptions, prefill_module  # noqa: E402
-from sas.errors import KernelError, SASError  # noqa: E402
-from sas.ir.tiles import tile_map  # noqa: E402
-from sas.runtime import SASAttnKernel  # noqa: E402
+pytestmark = pytest.mark.kernels
 
-try:
-    from tests.strategies import causal_patterns
-except ImportError:  # pragma: no cover
-    from strategies import causal_patterns  # type: ignore
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = PrefillOptions(block_m=32, block_n=16, num_warps=4, num_stages=1)
-TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-if DEV == "cuda":
-    TOL[torch.float32] = 1e-4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("SAS_CACHE_DIR")
-    os.environ["SAS_CACHE_DIR"] = str(tmp_path_factory.mktemp("sas_cache"))
-    yield
-    if old is None:
-        os.environ.pop("SAS_CACHE_DIR", None)
-    else:
-        os.environ["SAS_CACHE_DIR"] = old
-
-
-def table1():
-    """The six Table-1 patterns with the same formulas and small constants."""
-    return {
-        "streaming_llm": (Diag(0, 24) + Rect(cols=(0, 4))) * Causal(),
-        "block_local": (Rect(size=(16, 16)) >> Diag(0, 3)) * Causal(),
-        "sliding_window": Diag(0, 24),
-        "openai_strided": (Diag(0, 16) + Diag(0, None, stride=16)) * Causal(),
-        "openai_fixed": ((Rect(size=(32, 32)) >> Diag(0, 1))
-                         + ((Rect(size=(32, 32)) * Rect(cols=(28, None))) >> Rect())) * Causal(),
-        "strided_block_local": (Rect(size=(32, 32)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
-    }
-
-
-def reference(pattern, q, k, v, q_offset=None):
-    """float64 SDPA with the boolean mask; rows with no attended key give 0."""
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    q_offset = Lk - Lq if q_offset is None else q_offset
-    mask = torch.from_numpy(pattern.to_mask(max(Lk, q_offset + Lq))[q_offset:q_offset + Lq, :Lk])
-    g = H // k.shape[1]
-    kk = k.double().cpu().repeat_interleave(g, 1)
-    vv = v.double().cpu().repeat_interleave(g, 1)
-    s = (q.double().cpu() @ kk.transpose(-1, -2)) * D ** -0.5
-    s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1).nan_to_num(0.0)
-    return w @ vv
-
-
-def rel(out, ref):
-    out = out.double().cpu()
-    assert torch.isfinite(out).all()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-12))
-
-
-def qkv(B, Hq, Hkv, Lq, Lk, D, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda h, n: torch.randn(B, h, n, D, generator=g).to(dtype).to(DEV)  # noqa: E731
-    return mk(Hq, Lq), mk(Hkv, Lk), mk(Hkv, Lk)
 
 
 def run_prefill(pattern, B=1, Hq=2, Hkv=1, L=96, D=64, dtype=torch.float32, options=SMALL, seed=0, Lq=None):
     Lq = L if Lq is None else Lq
-    q, k, v = qkv(B, Hq, Hkv, Lq, L, D, dtype, seed)
+    q, k, v = qkv(B, Hq, Hkv, Lq, D, Lk=L, dtype=dtype, device=DEV, seed=seed)
     kern = SASAttnKernel(pattern, max_len=max(L, 1), prefill_options=options)
     out = kern(q, k, v)
     assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
-    return rel(out, reference(pattern, q, k, v)), out
+    return rel_error(out, reference_attention(pattern, q, k, v)), out
 
 
-@pytest.mark.parametrize("name", list(table1()))
+@pytest.mark.parametrize("name", list(TABLE1_KERNELS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_table1_prefill(name, dtype):
-    err, _ = run_prefill(table1()[name], L=100 if dtype == torch.float32 else 96, dtype=dtype)
+    err, _ = run_prefill(TABLE1_KERNELS[name], L=100 if dtype == torch.float32 else 96, dtype=dtype)
     assert err < TOL[dtype], f"{name} {dtype}: rel err {err:.2e}"
 
 
 def test_batch_and_gqa():
-    err, _ = run_prefill(table1()["streaming_llm"], B=2, Hq=4, Hkv=2, L=80, dtype=torch.bfloat16)
+    err, _ = run_prefill(TABLE1_KERNELS["streaming_llm"], B=2, Hq=4, Hkv=2, L=80, dtype=torch.bfloat16)
     assert err < TOL[torch.bfloat16]
-    err, _ = run_prefill(table1()["openai_fixed"], B=2, Hq=3, Hkv=3, L=64)
+    err, _ = run_prefill(TABLE1_KERNELS["openai_fixed"], B=2, Hq=3, Hkv=3, L=64)
     assert err < TOL[torch.float32]
 
 
 def test_head_dim_128_and_default_tiles():
-    err, _ = run_prefill(table1()["block_local"], L=64, D=128, dtype=torch.bfloat16,
+    err, _ = run_prefill(TABLE1_KERNELS["block_local"], L=64, D=128, dtype=torch.bfloat16,
                          options=PrefillOptions(block_m=64, block_n=32, num_warps=4, num_stages=1))
     assert err < TOL[torch.bfloat16]
 
@@ -115,19 +57,19 @@ def test_head_dim_128_and_default_tiles():
 def test_auto_options():
     from sas.codegen.triton_backend import auto_prefill_options
 
-    p = table1()["openai_fixed"]
+    p = TABLE1_KERNELS["openai_fixed"]
     assert auto_prefill_options(p, 128).block_n == 32          # 4 summary columns of 32: narrow tiles
     assert auto_prefill_options(Diag(0, 900), 2048).block_n == 64
-    q, k, v = qkv(1, 2, 1, 128, 128, 64, torch.bfloat16)
+    q, k, v = qkv(1, 2, 1, 128, 64, dtype=torch.bfloat16, device=DEV)
     kern = SASAttnKernel(p, max_len=128)                       # prefill_options=None: automatic
-    assert rel(kern(q, k, v), reference(p, q, k, v)) < TOL[torch.bfloat16]
+    assert rel_error(kern(q, k, v), reference_attention(p, q, k, v)) < TOL[torch.bfloat16]
 
 
 def test_query_suffix():
-    p = table1()["streaming_llm"]
-    q, k, v = qkv(1, 2, 1, 37, 100, 64, torch.float32)
+    p = TABLE1_KERNELS["streaming_llm"]
+    q, k, v = qkv(1, 2, 1, 37, 64, Lk=100, dtype=torch.float32, device=DEV)
     kern = SASAttnKernel(p, max_len=100, prefill_options=SMALL)
-    assert rel(kern(q, k, v), reference(p, q, k, v)) < TOL[torch.float32]
+    assert rel_error(kern(q, k, v), reference_attention(p, q, k, v)) < TOL[torch.float32]
 
 
 def test_non_causal_prefill_and_empty_rows():
@@ -142,18 +84,18 @@ def test_non_causal_prefill_and_empty_rows():
 
 def test_nothing_attended_gives_zeros():
     p = Rect(rows=(0, 1), cols=(500, 501))
-    q, k, v = qkv(1, 2, 2, 40, 40, 64, torch.float16)
+    q, k, v = qkv(1, 2, 2, 40, 64, dtype=torch.float16, device=DEV)
     out = SASAttnKernel(p, max_len=40, prefill_options=SMALL)(q, k, v)
     assert (out == 0).all()
 
 
 def test_non_contiguous_inputs():
-    p = table1()["sliding_window"]
-    q, k, v = qkv(1, 2, 2, 64, 64, 64, torch.float32)
+    p = TABLE1_KERNELS["sliding_window"]
+    q, k, v = qkv(1, 2, 2, 64, 64, dtype=torch.float32, device=DEV)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)       # [B, L, H, D] storage
     assert not qt.is_contiguous()
     out = SASAttnKernel(p, max_len=64, prefill_options=SMALL)(qt, k, v)
-    assert rel(out, reference(p, q, k, v)) < TOL[torch.float32]
+    assert rel_error(out, reference_attention(p, q, k, v)) < TOL[torch.float32]
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,16 +106,16 @@ def test_random_causal_compositions(p, L):
 
 
 def test_standalone_module_build_tiles_matches_tile_map():
-    p = table1()["openai_fixed"]
+    p = TABLE1_KERNELS["openai_fixed"]
     mod = prefill_module(p, SMALL)
     for (lq, lk) in [(96, 96), (40, 100)]:
         got = mod.build_tiles(lq, lk, block_m=32, block_n=16, device=DEV)
         tm = tile_map(p, lq, lk, 32, 16)
         for a, b in zip(got[:4], (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols)):
             assert a.cpu().tolist() == b.tolist()
-        q, k, v = qkv(1, 2, 1, lq, lk, 64, torch.float32)
+        q, k, v = qkv(1, 2, 1, lq, 64, Lk=lk, dtype=torch.float32, device=DEV)
         out = mod.prefill(q, k, v, *got, block_m=32, block_n=16, num_warps=4, num_stages=1)
-        assert rel(out, reference(p, q, k, v)) < TOL[torch.float32]
+        assert rel_error(out, reference_attention(p, q, k, v)) < TOL[torch.float32]
 
 
 def test_compiled_module_is_cached():
@@ -192,7 +134,7 @@ def test_compiled_module_is_cached():
 # --- errors --------------------------------------------------------------------------------
 
 def kernel():
-    return SASAttnKernel(table1()["sliding_window"], max_len=64, prefill_options=SMALL)
+    return SASAttnKernel(TABLE1_KERNELS["sliding_window"], max_len=64, prefill_options=SMALL)
 
 
 def t(*shape, dtype=torch.float32, device=DEV):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,12 +13,9 @@ from sas import Causal, Diag, Rect
 from sas.errors import PatternError
 from sas.ir.tiles import EMPTY, FULL, PARTIAL, UNKNOWN, classify_tiles, is_causal, tile_map
 
-try:
-    from tests.strategies import causal_patterns, patterns
-except ImportError:  # pragma: no cover - run from inside tests/
-    from strategies import causal_patterns, patterns  # type: ignore
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.examples import TABLE1_NAMES, example_pattern
+from helpers.table1 import TABLE1_KERNELS
+from strategies import causal_patterns, patterns
 
 
 def expected_classes(pattern, q_len, k_len, bm, bn, q_offset):
@@ -52,22 +48,10 @@ def check(pattern, q_len, k_len, bm, bn, q_offset=None):
     return tm
 
 
-def small_table1():
-    return {
-        "streaming_llm": (Diag(0, 24) + Rect(cols=(0, 4))) * Causal(),
-        "block_local": (Rect(size=(16, 16)) >> Diag(0, 3)) * Causal(),
-        "sliding_window": Diag(0, 24),
-        "openai_strided": (Diag(0, 16) + Diag(0, None, stride=16)) * Causal(),
-        "openai_fixed": ((Rect(size=(32, 32)) >> Diag(0, 1))
-                         + ((Rect(size=(32, 32)) * Rect(cols=(28, None))) >> Rect())) * Causal(),
-        "strided_block_local": (Rect(size=(32, 32)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
-    }
-
-
-@pytest.mark.parametrize("name", list(small_table1()))
+@pytest.mark.parametrize("name", list(TABLE1_KERNELS))
 @pytest.mark.parametrize("shape", [(128, 128, 32, 16), (100, 100, 16, 16), (37, 100, 16, 8), (96, 96, 64, 32)])
 def test_table1_patterns_exact(name, shape):
-    check(small_table1()[name], *shape)
+    check(TABLE1_KERNELS[name], *shape)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,7 +71,7 @@ def test_random_offsets_exact(p, n, bm, bn, q_offset):
 
 
 def test_csr_structure():
-    p = small_table1()["streaming_llm"]
+    p = TABLE1_KERNELS["streaming_llm"]
     tm = check(p, 128, 128, 32, 16)
     assert tm.full_rowptr.dtype == np.int32 and tm.part_cols.dtype == np.int32
     assert tm.num_q_blocks == 4 and tm.num_k_blocks == 8
@@ -125,7 +109,7 @@ def test_argument_errors():
 
 
 def test_is_causal():
-    for name, p in small_table1().items():
+    for name, p in TABLE1_KERNELS.items():
         assert is_causal(p, 200), name
     assert not is_causal(Rect(), 10)
     assert not is_causal(Diag(-1, 3), 300)
@@ -134,25 +118,15 @@ def test_is_causal():
     assert not is_causal(Rect(rows=(0, 5), cols=(100, 200)), 101)
 
 
-def _example(name):
-    import runpy
-
-    return runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["pattern"]
-
-
-TABLE1 = ["streaming_llm", "block_local", "sliding_window", "openai_strided", "openai_fixed",
-          "strided_block_local"]
-
-
-@pytest.mark.parametrize("name", TABLE1)
+@pytest.mark.parametrize("name", TABLE1_NAMES)
 def test_table1_examples_at_2k_exact(name):
-    check(_example(name), 2048, 2048, 128, 64)
+    check(example_pattern(name), 2048, 2048, 128, 64)
 
 
 def test_table1_examples_fast_at_16k():
     total = 0.0
-    for name in TABLE1:
-        p = _example(name)
+    for name in TABLE1_NAMES:
+        p = example_pattern(name)
         t = time.perf_counter()
         tm = tile_map(p, 16384, 16384, 128, 64)
         dt = time.perf_counter() - t

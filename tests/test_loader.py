@@ -12,7 +12,7 @@ from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.errors import ParseError, PatternError, SASError
 from sas.lang.loader import load_pattern
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from helpers.examples import EXAMPLES
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -21,10 +21,7 @@ from sas.codegen.lower_triton import (
 )
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
-try:
-    from tests.strategies import patterns
-except ImportError:  # pragma: no cover
-    from strategies import patterns  # type: ignore
+from strategies import patterns
 
 
 class FakeTL:

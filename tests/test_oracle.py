@@ -15,8 +15,6 @@ reference-figures.md.
 from __future__ import annotations
 
 import ast
-import runpy
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,19 +24,11 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect
 from sas.lang import And, Not, Or, Pattern, Spread
 
-try:
-    from strategies import causal_patterns, patterns, spread_units
-except ImportError:  # tests/ imported as a package
-    from tests.strategies import causal_patterns, patterns, spread_units
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from helpers.examples import EXAMPLES, TABLE1_NAMES, example_namespace, example_pattern
+from strategies import causal_patterns, patterns, spread_units
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def load(name: str) -> dict:
-    return runpy.run_path(str(EXAMPLES / f"{name}.py"))
 
 
 def grid(n: int):
@@ -61,15 +51,13 @@ def _reference(name: str, n: int) -> np.ndarray:
     }[name]
 
 
-TABLE1 = ["streaming_llm", "block_local", "sliding_window", "openai_strided", "openai_fixed",
-          "strided_block_local"]
-TABLE1_CASES = [(name, n) for name in TABLE1 for n in (64, 1000, 2048)] + \
+TABLE1_CASES = [(name, n) for name in TABLE1_NAMES for n in (64, 1000, 2048)] + \
     [("block_local", 4096), ("openai_fixed", 4096)]
 
 
 @pytest.mark.parametrize("name,n", TABLE1_CASES)
 def test_table1_matches_reference_mask(name, n):
-    pattern = load(name)["pattern"]
+    pattern = example_pattern(name)
     assert isinstance(pattern, Pattern)
     mask = pattern.to_mask(n)
     assert mask.shape == (n, n) and mask.dtype == bool
@@ -99,14 +87,14 @@ LIVE_KV_4096 = {"streaming_llm": 1056, "block_local": 384, "sliding_window": 102
                 "strided_block_local": 64}
 
 
-@pytest.mark.parametrize("name", TABLE1)
+@pytest.mark.parametrize("name", TABLE1_NAMES)
 def test_table1_live_kv(name):
-    assert _live_kv(load(name)["pattern"], 4096) == LIVE_KV_4096[name]
+    assert _live_kv(example_pattern(name), 4096) == LIVE_KV_4096[name]
 
 
 def test_live_kv_small_cases():
     assert _live_kv(Diag(0, 2), 16) == 2                          # Figure 12: KV_CACHE_SIZE = 2
-    assert _live_kv(load("fig12_strided_block_local")["pattern"], 64) == 2
+    assert _live_kv(example_pattern("fig12_strided_block_local"), 64) == 2
     assert _live_kv(Causal(), 10) == 10
     # a key attended only by earlier queries (non-causal) is never live
     assert _live_kv(Diag(-1, 1), 10) == 0
@@ -121,12 +109,12 @@ FIGURES = ["fig3a_strided_rect", "fig3b_diagonals", "fig3c_dynamic", "fig5_boole
 
 def test_every_example_is_tested():
     on_disk = {p.stem for p in EXAMPLES.glob("*.py")}
-    assert set(FIGURES) | set(TABLE1) <= on_disk
+    assert set(FIGURES) | set(TABLE1_NAMES) <= on_disk
 
 
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_examples_load(name):
-    ns = load(name)
+    ns = example_namespace(name)
     pattern = ns["pattern"]
     assert isinstance(pattern, Pattern)
     for n in (1, 8, 37):
@@ -139,7 +127,7 @@ def test_figure_examples_load(name):
 
 
 def test_fig3a_strided_rect():
-    ns = load("fig3a_strided_rect")
+    ns = example_namespace("fig3a_strided_rect")
     q, k = grid(10)
     region = (q >= 2) & (q < 8) & (k < 6)
     np.testing.assert_array_equal(ns["rect"].to_mask(10), region)
@@ -150,7 +138,7 @@ def test_fig3a_strided_rect():
 
 
 def test_fig3b_diagonals():
-    ns = load("fig3b_diagonals")
+    ns = example_namespace("fig3b_diagonals")
     q, k = grid(12)
     d = q - k
     np.testing.assert_array_equal(ns["sliding_window"].to_mask(12), (d >= 0) & (d < 3))
@@ -161,7 +149,7 @@ def test_fig3b_diagonals():
 
 
 def test_fig3c_dynamic_regions_are_causal_triangles():
-    ns = load("fig3c_dynamic")
+    ns = example_namespace("fig3c_dynamic")
     q, k = grid(9)
     for name, refresh in (("h2o", False), ("refreshed", True), ("pooled", True)):
         p = ns[name]
@@ -171,7 +159,7 @@ def test_fig3c_dynamic_regions_are_causal_triangles():
 
 
 def test_fig5_boolean():
-    ns = load("fig5_boolean")
+    ns = example_namespace("fig5_boolean")
     q, k = grid(8)
     causal, window, sink = q >= k, (q - k >= 0) & (q - k < 3), k < 2
     np.testing.assert_array_equal(ns["union"].to_mask(8), (window | sink) & causal)
@@ -182,7 +170,7 @@ def test_fig5_boolean():
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 33])
 def test_fig6_block_diagonal(n):
     q, k = grid(n)
-    np.testing.assert_array_equal(load("fig6_block_diagonal")["pattern"].to_mask(n), q // 2 == k // 2)
+    np.testing.assert_array_equal(example_pattern("fig6_block_diagonal").to_mask(n), q // 2 == k // 2)
 
 
 def test_fig6_block_diagonal_drawn():
@@ -192,11 +180,11 @@ def test_fig6_block_diagonal_drawn():
                          [0, 0, 1, 1, 0, 0],
                          [0, 0, 0, 0, 1, 1],
                          [0, 0, 0, 0, 1, 1]], dtype=bool)
-    np.testing.assert_array_equal(load("fig6_block_diagonal")["pattern"].to_mask(6), expected)
+    np.testing.assert_array_equal(example_pattern("fig6_block_diagonal").to_mask(6), expected)
 
 
 def test_fig7a_window_h2o():
-    ns = load("fig7a_window_h2o")
+    ns = example_namespace("fig7a_window_h2o")
     q, k = grid(12)
     d = q - k
     # as a region the Dynamic covers its whole band: window plus the H2O band
@@ -207,7 +195,7 @@ def test_fig7a_window_h2o():
 
 
 def test_fig7b_strided_block_local_as_printed():
-    ns = load("fig7b_strided_block_local")
+    ns = example_namespace("fig7b_strided_block_local")
     q, k = grid(12)
     expected = (q // 4 == k // 4) & (q < 8) & (k < 8) & (q % 2 == 1) & (k % 2 == 1)
     np.testing.assert_array_equal(ns["pattern"].to_mask(12), expected)
@@ -219,7 +207,7 @@ def test_fig7b_strided_block_local_as_printed():
 
 
 def test_fig12_strided_block_local():
-    ns = load("fig12_strided_block_local")
+    ns = example_namespace("fig12_strided_block_local")
     q, k = grid(40)
     expected = (q // 4 == k // 4) & (q >= k) & (q % 2 == 0) & (k % 2 == 0)
     np.testing.assert_array_equal(ns["pattern"].to_mask(40), expected)
@@ -233,7 +221,7 @@ def test_fig12_strided_block_local():
 
 def test_fig12_window_h2o_static():
     q, k = grid(16)
-    np.testing.assert_array_equal(load("fig12_window_h2o_static")["pattern"].to_mask(16),
+    np.testing.assert_array_equal(example_pattern("fig12_window_h2o_static").to_mask(16),
                                   (q - k >= 0) & (q - k < 2))
 
 
@@ -419,10 +407,10 @@ def test_predicate_matches_mask_everywhere(p, n):
     np.testing.assert_array_equal(got.reshape(n, n), p.to_mask(n))
 
 
-@pytest.mark.parametrize("name", TABLE1 + FIGURES)
+@pytest.mark.parametrize("name", TABLE1_NAMES + FIGURES)
 def test_example_predicates_match_masks(name):
-    p = load(name)["pattern"]
-    n = 300 if name in TABLE1 else 20
+    p = example_pattern(name)
+    n = 300 if name in TABLE1_NAMES else 20
     plain, checked = _compile_predicate(p)
     mask = p.to_mask(n)
     rng = np.random.default_rng(0)

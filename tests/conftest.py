@@ -1,0 +1,76 @@
+"""Test-suite setup shared by every test file: the Triton interpreter on machines without a GPU,
+the hypothesis profiles, and a private kernel cache per test module.
+
+Shared helpers that are not fixtures live in tests/helpers/ (attention inputs and reference,
+example paths, scaled Table-1 patterns, the plain H2O reference), tests/strategies.py
+(hypothesis strategies) and tests/analysis_checks.py (brute-force analyzer references).
+
+Hypothesis profiles (pick one with HYPOTHESIS_PROFILE=ci|dev|explore; the default is "ci" when
+the CI environment variable is set, else "dev"):
+
+- ci:      derandomized (the examples are a function of the test's code, so a run never
+           depends on luck and a green commit stays green; derandomize implies no example
+           database), no deadline, no shrinking: a failure is reported at once with the example
+           as drawn and its `@reproduce_failure` blob (shrinking a slow kernel test once took
+           10 minutes).
+- dev:     the same examples as ci, but a failure is shrunk to a minimal example (hypothesis
+           bounds that itself: at most 500 shrinks or 5 minutes per test).
+- explore: fresh random examples on every run, shrinking, the example database in
+           .hypothesis/: hunting for new failures on purpose; a failure it finds becomes an
+           @example or a fixed strategy, never a flaky test.
+
+Health checks: only `too_slow` is suppressed in every profile. It measures how long *drawing*
+the examples takes, which on a shared 2-core CI machine depends on the load of other
+processes, i.e. on luck; the example counts are bounded per test instead. Tests that need
+more (filter_too_much, data_too_large) say so in their own @settings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+
+if not torch.cuda.is_available():  # the kernels run on the CPU; must precede any import of triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+
+# --- hypothesis profiles ------------------------------------------------------------------------
+
+_NO_LUCK = dict(derandomize=True, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+
+# Shrinking re-runs a failing test hundreds of times; with Triton kernels under the interpreter
+# that took 10 minutes once. CI reports the failing example as drawn instead (explicit, reuse
+# and generate phases only; reuse is a no-op without a database).
+settings.register_profile("ci", max_examples=100, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+                          **_NO_LUCK)
+settings.register_profile("dev", max_examples=100, **_NO_LUCK)
+settings.register_profile("explore", max_examples=100, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(PROFILE)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    where = "Triton interpreter (CPU)" if os.environ.get("TRITON_INTERPRET") == "1" else "GPU"
+    return f"hypothesis profile: {PROFILE}; kernels: {where}"
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True, scope="module")
+def sas_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Each test module compiles its kernels into its own fresh SAS_CACHE_DIR (restored after),
+    so that no test reads a kernel another run or module left behind, nor writes to ~/.cache."""
+    old = os.environ.get("SAS_CACHE_DIR")
+    path = str(tmp_path_factory.mktemp("sas_cache"))
+    os.environ["SAS_CACHE_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("SAS_CACHE_DIR", None)
+    else:
+        os.environ["SAS_CACHE_DIR"] = old
