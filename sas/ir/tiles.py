@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sas.errors import PatternError
-from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 EMPTY, FULL, PARTIAL, UNKNOWN = 0, 1, 2, 3
@@ -144,16 +144,15 @@ def _classify(p: Pattern, r0, r1, c0, c1) -> np.ndarray:
         return np.where(n == 0, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
     if isinstance(p, Dynamic):
         return np.full(np.shape(r0), FULL, dtype=np.int8)
-    if isinstance(p, And):
-        a = _classify(p.a, r0, r1, c0, c1)
-        if np.all(a == EMPTY):
-            return a
-        return _resolve_diagonal(p, _and(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
-    if isinstance(p, Or):
-        a = _classify(p.a, r0, r1, c0, c1)
-        if np.all(a == FULL):
-            return a
-        return _resolve_diagonal(p, _or(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
+    if isinstance(p, (And, Or)):
+        # Fold the terms, stopping once every tile is settled (all empty / all full).
+        combine, settled = (_and, EMPTY) if isinstance(p, And) else (_or, FULL)
+        acc = _classify(p.terms[0], r0, r1, c0, c1)
+        for t in p.terms[1:]:
+            if np.all(acc == settled):
+                return acc
+            acc = combine(acc, _classify(t, r0, r1, c0, c1))
+        return _resolve_diagonal(p, acc, r0, r1, c0, c1)
     if isinstance(p, Not):
         return _not(_classify(p.a, r0, r1, c0, c1))
     if isinstance(p, Spread):
@@ -235,6 +234,8 @@ def _union(pieces: list[np.ndarray]) -> np.ndarray:
 def _check_pos_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
         raise PatternError(f"tile_map: {name} must be a positive integer, got {v!r}")
+    if v > MAX_INDEX:
+        raise PatternError(f"tile_map: {name} must be at most 2**61 (the largest index sas handles), got {v}")
     return int(v)
 
 
@@ -250,6 +251,11 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
         q_offset = k_len - q_len
     if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
         raise PatternError(f"tile_map: q_offset must be a non-negative integer, got {q_offset!r}")
+    if q_offset + q_len > MAX_INDEX:
+        raise PatternError(f"tile_map: q_offset + q_len must be at most 2**61 (the largest index sas "
+                           f"handles), got {q_offset} + {q_len}")
+    # Only indices below the last query / key matter: the same pattern with small numbers.
+    pattern = pattern.restrict(max(q_offset + q_len, k_len))
     nqb, nkb = -(-q_len // block_m), -(-k_len // block_n)
     m = np.arange(nqb, dtype=np.int64)[:, None]
     n = np.arange(nkb, dtype=np.int64)[None, :]

@@ -8,6 +8,8 @@ lowered to kernels by `sas.dynamic` (see docs/dynamic.md for what runs today).
 from __future__ import annotations
 
 import keyword
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -85,7 +87,18 @@ class OpChain:
         if isinstance(other, OpChain):
             return self._then(name, other=other)
         if isinstance(other, (int, float)) and not isinstance(other, bool):
-            return self._then(name, other=float(other))
+            try:
+                value = float(other)
+            except OverflowError:
+                raise PatternError(f"score arithmetic '{name}': the integer constant ({len(str(abs(other)))} "
+                                   f"digits) is too large for a float (at most {sys.float_info.max:g})") from None
+            if math.isnan(value):
+                raise PatternError(f"score arithmetic '{name}': the constant is NaN, which would make every "
+                                   f"score NaN and the key selection arbitrary; use a finite number")
+            if name == "div" and value == 0:
+                raise PatternError(f"score arithmetic 'div': division by the constant 0 makes every score "
+                                   f"inf or NaN; divide by a non-zero number")
+            return self._then(name, other=value)
         raise PatternError(f"score arithmetic '{name}': operand must be a number or an op chain, got {other!r}")
 
     def __add__(self, other): return self._arith("add", other)
