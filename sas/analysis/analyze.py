@@ -61,9 +61,13 @@ class Analysis:
         return cache_ids(self._scheme, min(int(n), self.max_len))
 
     def last_use(self, j: np.ndarray) -> np.ndarray:
+        """Last query < max_len attending each key j (0 <= j < max_len), -1 when none does."""
         if self._columns is None:
             raise AnalysisError("last_use is only available for periodic patterns")
-        return self._columns.last_use(np.asarray(j), self.max_len)
+        arr = np.asarray(j)
+        if arr.dtype.kind not in "iu" or (arr.size and not (0 <= arr.min() and arr.max() < self.max_len)):
+            raise AnalysisError(f"last_use: j must be integer token ids in [0, max_len={self.max_len}), got {j!r}")
+        return self._columns.last_use(arr.astype(np.int64), self.max_len)
 
     def report(self) -> dict[str, Any]:
         s = self.structure

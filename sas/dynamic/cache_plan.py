@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sas.dynamic.fusion import analyze_fusion
-from sas.dynamic.plan import FOREVER, DynamicPlan, plan_dynamic
+from sas.dynamic.plan import FOREVER, SCHEDULE_LIMIT, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
 from sas.errors import AnalysisError, NotYetSupportedError, PatternError
 from sas.lang.pattern import MAX_INDEX, Pattern
@@ -134,6 +134,10 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
     """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 < max_len <= MAX_INDEX:
         raise PatternError(f"max_len must be a positive integer at most 2**61, got {max_len!r}")
+    if max_len > SCHEDULE_LIMIT:
+        raise PatternError(f"max_len={max_len} is too long for the dynamic runtime: its per-token region "
+                           f"schedule is limited to max_len <= {SCHEDULE_LIMIT} ({SCHEDULE_LIMIT * 8 // 2**20} MiB "
+                           f"per table)")
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
     from sas.analysis.analyze import analyze

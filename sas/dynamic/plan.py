@@ -29,6 +29,9 @@ from sas.ir.periodicity import structure
 from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Dynamic, Rect
 
+#: Longest max_len for which per-token schedules (candidate spans, the run-time region tables)
+#: are built: 16M tokens, 128 MiB per int64 table.
+SCHEDULE_LIMIT = 1 << 24
 FOREVER = np.iinfo(np.int64).max // 4   # region_last_use of a key the region uses until any length
 NEVER = -1
 
@@ -52,7 +55,10 @@ def substitute(p: Pattern, target: Dynamic, by: Pattern) -> Pattern:
         return terms[0] if len(terms) == 1 else type(p)(*terms)
     if isinstance(p, Spread):
         u, l = substitute(p.unit, target, by), substitute(p.layout, target, by)
-        return _NOTHING if _NOTHING in (u, l) else Spread(u, l)
+        if _NOTHING in (u, l):
+            return _NOTHING
+        # Keep the block size: the substituted unit may have another box.
+        return Spread(u, l, None if u.extent() == p.shape else p.shape)
     if isinstance(p, Not):
         return Not(substitute(p.a, target, by))
     return p
@@ -120,8 +126,11 @@ class DynamicPlan:
             raise PatternError(
                 f"this plan of {self.pattern!r} was made for max_len={self.max_len} and its parameters "
                 f"larger than that were clamped; make a new plan for max_len={n}")
-        first, last = self.candidate_span(n)
-        most = max(1, most_candidates(first, last, n))
+        if n > SCHEDULE_LIMIT:     # no per-token schedule this long: no more than n keys exist
+            most = n
+        else:
+            first, last = self.candidate_span(n)
+            most = max(1, most_candidates(first, last, n))
         cap = most if self.dynamic.budget > most else None
         return self if cap == self.budget_cap else replace(self, budget_cap=cap)
 
@@ -292,4 +301,4 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
     return plan if max_len is None else plan.for_length(max_len)
 
 
-__all__ = ["DynamicPlan", "plan_dynamic", "substitute", "FOREVER", "NEVER"]
+__all__ = ["DynamicPlan", "plan_dynamic", "substitute", "most_candidates", "FOREVER", "NEVER", "SCHEDULE_LIMIT"]

@@ -23,6 +23,8 @@ from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 EMPTY, FULL, PARTIAL, UNKNOWN = 0, 1, 2, 3
+#: Most tiles one map classifies (int64 index arrays of this many entries are built).
+TILE_LIMIT = 1 << 26
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,6 +245,8 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
                    block_n: int = 64, q_offset: int | None = None, *, refine: bool = True,
                    max_cells: int = 1 << 22) -> np.ndarray:
     """Dense [num_q_blocks, num_k_blocks] int8 array of EMPTY / FULL / PARTIAL classes."""
+    if not isinstance(pattern, Pattern):
+        raise PatternError(f"tile_map: pattern must be a sas Pattern, got {type(pattern).__name__}")
     q_len = _check_pos_int("q_len", q_len)
     k_len = q_len if k_len is None else _check_pos_int("k_len", k_len)
     block_m = _check_pos_int("block_m", block_m)
@@ -257,6 +261,10 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
     # Only indices below the last query / key matter: the same pattern with small numbers.
     pattern = pattern.restrict(max(q_offset + q_len, k_len))
     nqb, nkb = -(-q_len // block_m), -(-k_len // block_n)
+    if nqb * nkb > TILE_LIMIT:
+        raise PatternError(f"tile_map: {q_len} queries x {k_len} keys in {block_m} x {block_n} tiles make "
+                           f"{nqb} x {nkb} = {nqb * nkb} tiles, more than the limit {TILE_LIMIT}: use larger "
+                           f"blocks or shorter sequences")
     m = np.arange(nqb, dtype=np.int64)[:, None]
     n = np.arange(nkb, dtype=np.int64)[None, :]
     r0 = np.broadcast_to(q_offset + m * block_m, (nqb, nkb))
@@ -301,9 +309,9 @@ def tile_map(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: in
     are the last q_len keys). Returns full and partial tile lists in CSR form per query block.
     """
     k_len = q_len if k_len is None else k_len
-    if q_offset is None and isinstance(q_len, int) and isinstance(k_len, int):
-        q_offset = k_len - q_len
     cls = classify_tiles(pattern, q_len, k_len, block_m, block_n, q_offset)
+    if q_offset is None:
+        q_offset = k_len - q_len
     full, part = cls == FULL, cls == PARTIAL
 
     def csr(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -106,6 +106,19 @@ class OpChain:
     def __mul__(self, other): return self._arith("mul", other)
     def __truediv__(self, other): return self._arith("div", other)
 
+    # A number on the left: `2 + chain` and `2 * chain` are the same as with the chain first;
+    # `2 - chain` and `2 / chain` are not recorded (write them with the chain first).
+    def __radd__(self, other): return self._arith("add", other)
+    def __rmul__(self, other): return self._arith("mul", other)
+
+    def __rsub__(self, other):
+        raise PatternError(f"score arithmetic: {other!r} - chain is not supported; write the chain first, "
+                           f"e.g. chain * -1 + {other!r}")
+
+    def __rtruediv__(self, other):
+        raise PatternError(f"score arithmetic: {other!r} / chain is not supported; only a chain divided by "
+                           f"a number or by another chain (chain / x)")
+
     def __repr__(self):
         return ".".join(repr(n) for n in self.nodes)
 

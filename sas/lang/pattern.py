@@ -77,6 +77,13 @@ class Pattern:
     def __rrshift__(self, other: object) -> "Pattern":
         raise _left_operand_error(other, ">>")
 
+    # `a - b` for "a without b" is `a * ~b`.
+    def __sub__(self, other: object) -> "Pattern":
+        raise PatternError("operator '-' is not a pattern operator: write a * ~b for the cells of a that "
+                           "are not in b")
+
+    __rsub__ = __sub__
+
     # FlexAttention habits: `|`, `&` are not the pattern operators; say which ones are.
     def __or__(self, other: object) -> "Pattern":
         raise PatternError("operator '|' is not a pattern operator: use '+' for OR (a + b)")
@@ -112,6 +119,11 @@ class Pattern:
         becomes unbounded, an offset past every index becomes empty, a stride longer than
         the index range keeps its single on-line, a spread unit larger than n is cut to n.
         """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= MAX_INDEX:
+            raise PatternError(f"restrict: n must be a positive integer at most 2**61, got {n!r}")
+        return self._restrict(int(n))
+
+    def _restrict(self, n: int) -> "Pattern":
         raise NotImplementedError
 
     def _params_within(self, n: int) -> bool:
@@ -121,7 +133,7 @@ class Pattern:
     @cached_property
     def _index_safe(self) -> "Pattern":
         """`restrict(MAX_INDEX)`: the form numpy evaluation and predicates compute with."""
-        return self.restrict(MAX_INDEX)
+        return self._restrict(MAX_INDEX)
 
     @cached_property
     def depth(self) -> int:
@@ -206,7 +218,7 @@ def _terms(cls: type, terms: tuple[object, ...]) -> tuple[Pattern, ...]:
 
 def _restricted_terms(terms: tuple[Pattern, ...], n: int) -> tuple[Pattern, ...] | None:
     """The terms restricted to n, or None when none of them changes."""
-    new = tuple(t.restrict(n) for t in terms)
+    new = tuple(t._restrict(n) for t in terms)
     return None if all(a is b for a, b in zip(new, terms)) else new
 
 
@@ -248,7 +260,7 @@ class _NAry(Pattern):
     def children(self):
         return self.terms
 
-    def restrict(self, n):
+    def _restrict(self, n):
         new = _restricted_terms(self.terms, n)
         return self if new is None else type(self)(*new)
 
@@ -308,8 +320,8 @@ class Not(Pattern):
     def evaluate(self, i, j):
         return ~self.a.evaluate(i, j)
 
-    def restrict(self, n):
-        a = self.a.restrict(n)
+    def _restrict(self, n):
+        a = self.a._restrict(n)
         return self if a is self.a else Not(a)
 
     def predicate(self, i, j):
@@ -331,13 +343,25 @@ class Spread(Pattern):
     the unit's origin-anchored box, and every on-block is filled with the unit.
 
     M(i, j) = layout(i // h, j // w) and unit(i % h, j % w).
+
+    `box`, when given, is the block size `(h, w)` instead of the unit's box: `restrict` uses
+    it to cut a unit larger than the length without nesting the tree deeper.
     """
 
     unit: Pattern
     layout: Pattern
+    box: tuple[int, int] | None = None
 
     def __post_init__(self):
         _check_fields(self, "unit", "layout")
+        if self.box is not None:
+            ok = (isinstance(self.box, tuple) and len(self.box) == 2
+                  and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in self.box))
+            if not ok:
+                raise PatternError(f"Spread(box=...) must be None or a pair (h, w) of positive integers, "
+                                   f"got {self.box!r}")
+            _check_depth(self)
+            return
         h, w = self.unit.extent()
         if h is None or w is None:
             raise PatternError(
@@ -351,6 +375,8 @@ class Spread(Pattern):
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.box is not None:
+            return self.box
         h, w = self.unit.extent()
         assert h is not None and w is not None
         return h, w
@@ -359,16 +385,16 @@ class Spread(Pattern):
         h, w = self.shape
         return h <= 2 * n and w <= 2 * n
 
-    def restrict(self, n):
+    def _restrict(self, n):
         # Rows i < n see the unit at i % h < min(h, n) and the layout at i // h: a unit taller
         # (wider) than n is the same as one cut to n, since then i // h = 0 and i % h = i.
         h, w = self.shape
         hh, ww = (h if h <= 2 * n else n), (w if w <= 2 * n else n)
-        unit = self.unit.restrict(max(min(hh, n), min(ww, n)))
-        layout = self.layout.restrict(max(-(-n // hh), -(-n // ww)))
+        unit = self.unit._restrict(max(min(hh, n), min(ww, n)))
+        layout = self.layout._restrict(max(-(-n // hh), -(-n // ww)))
         if (hh, ww) == (h, w) and unit is self.unit and layout is self.layout:
             return self
-        return Spread(_boxed(unit, hh, ww), layout)
+        return Spread(unit, layout, None if unit.extent() == (hh, ww) else (hh, ww))
 
     def evaluate(self, i, j):
         if not self._params_within(MAX_INDEX):
@@ -400,18 +426,8 @@ class Spread(Pattern):
         return (self.unit, self.layout)
 
     def __repr__(self):
+        if self.box is not None:
+            return f"Spread({self.unit!r}, {self.layout!r}, box={self.box})"
         return f"({self.unit!r} >> {self.layout!r})"
 
 
-def _boxed(unit: Pattern, h: int, w: int) -> Pattern:
-    """`unit` on [0, h) x [0, w) with its box (extent) exactly h x w, as a spread unit needs."""
-    if unit.extent() == (h, w):
-        return unit
-    from sas.lang.primitives import Diag, Rect  # primitives import this module
-
-    box = Rect(size=(h, w))
-    clipped = And(unit, box)
-    if clipped.extent() == (h, w):
-        return clipped
-    # The unit's box shrank: widen it back with a term that is empty on the box.
-    return Or(clipped, And(Diag(max(h, w), 1), box))

@@ -105,7 +105,7 @@ class Diag(Pattern):
         o, s, t = self.offset, self.size, self.stride
         return abs(o) <= 2 * n and (s is None or o + s <= 2 * n) and t <= 2 * n
 
-    def restrict(self, n):
+    def _restrict(self, n):
         if self._params_within(n):
             return self
         o, s, t = self.offset, self.size, self.stride
@@ -201,7 +201,7 @@ class Rect(Pattern):
         bounds = [b for b in self.rows + self.cols if b is not None]
         return all(b <= 2 * n for b in bounds) and max(self.stride) <= 2 * n
 
-    def restrict(self, n):
+    def _restrict(self, n):
         if self._params_within(n):
             return self
         r = _axis_restrict(self.rows, self.stride[0], self.offset[0], n)
@@ -290,7 +290,7 @@ class Dynamic(Pattern):
         if not isinstance(self.refresh, bool):
             raise PatternError(f"Dynamic(refresh=...) must be True or False, got {self.refresh!r}")
 
-    def restrict(self, n):
+    def _restrict(self, n):
         return self
 
     def evaluate(self, i, j):
