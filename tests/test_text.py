@@ -71,7 +71,8 @@ def render(p: Pattern, *, minimal: bool, python: bool = True) -> str:
                 inner = f"({inner})"
             return ("~" if python else "!") + inner, prec
         if isinstance(q, (Or, And, Spread)):
-            (left, lp), (right, rp) = go(q.children()[0]), go(q.children()[1])
+            pair = q.children() if isinstance(q, Spread) else (q.a, q.b)   # n-ary sums: left-assoc view
+            (left, lp), (right, rp) = go(pair[0]), go(pair[1])
             # Left-associative: the left operand needs parentheses only when it binds looser,
             # the right one also when it binds equally.
             if not minimal or lp < prec:

@@ -16,7 +16,7 @@ from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.slots import Scheme, TableScheme, cache_ids, choose_scheme, greedy_table
 from sas.errors import AnalysisError
 from sas.ir.periodicity import Structure, structure
-from sas.lang.pattern import Pattern
+from sas.lang.pattern import MAX_INDEX, Pattern
 
 #: Largest length analysed by the per-token fallback (patterns without a known period).
 TABLE_LIMIT = 1 << 15
@@ -53,13 +53,21 @@ class Analysis:
         raise KeyError(name)
 
     def cache_ids(self, n: int | None = None) -> np.ndarray:
-        """cache_id_func for tokens 0..n-1, computed in bulk."""
-        return cache_ids(self._scheme, min(n or self.max_len, self.max_len))
+        """cache_id_func for tokens 0..n-1 (n <= max_len; None: max_len), computed in bulk."""
+        if n is None:
+            n = self.max_len
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise AnalysisError(f"cache_ids: n must be None or an integer >= 0 (tokens 0 .. n-1), got {n!r}")
+        return cache_ids(self._scheme, min(int(n), self.max_len))
 
     def last_use(self, j: np.ndarray) -> np.ndarray:
+        """Last query < max_len attending each key j (0 <= j < max_len), -1 when none does."""
         if self._columns is None:
             raise AnalysisError("last_use is only available for periodic patterns")
-        return self._columns.last_use(np.asarray(j), self.max_len)
+        arr = np.asarray(j)
+        if arr.dtype.kind not in "iu" or (arr.size and not (0 <= arr.min() and arr.max() < self.max_len)):
+            raise AnalysisError(f"last_use: j must be integer token ids in [0, max_len={self.max_len}), got {j!r}")
+        return self._columns.last_use(arr.astype(np.int64), self.max_len)
 
     def report(self) -> dict[str, Any]:
         s = self.structure
@@ -83,6 +91,8 @@ class Analysis:
 def _check_len(max_len: Any) -> int:
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len <= 0:
         raise AnalysisError(f"max_len must be a positive integer, got {max_len!r}")
+    if max_len > MAX_INDEX:
+        raise AnalysisError(f"max_len must be at most 2**61 (the largest index sas handles), got {max_len}")
     return int(max_len)
 
 
@@ -102,14 +112,19 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     if not isinstance(pattern, Pattern):
         raise AnalysisError(f"analyze: pattern must be a sas Pattern, got {type(pattern).__name__}")
     n = _check_len(max_len)
-    st = structure(pattern)
+    user_pattern = pattern
+    # Positions past max_len never occur: analyse the equal pattern whose numbers fit it.
+    pattern = pattern.restrict(n)
     notes: list[str] = []
+    if pattern is not user_pattern:
+        notes.append(f"parameters larger than max_len={n} clamped (exact on positions < {n}): analysed as {pattern!r}")
+    st = structure(pattern)
     cols: ColumnShapes | None = None
     if st.periodic:
         bad = upper_triangle_clear(pattern, st)
         if bad is not None:
             raise AnalysisError(
-                f"analyze: pattern {pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
+                f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
                 f"decode analysis needs j <= i everywhere: multiply it by Causal()")
         cols = column_shapes(pattern, st)
         size, peak = _cache_size(cols, n)
@@ -117,7 +132,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         if scheme is None and size > 0:
             if n > TABLE_LIMIT:
                 raise AnalysisError(
-                    f"analyze: no closed-form slot scheme fits {pattern!r} with {size} slots, and the "
+                    f"analyze: no closed-form slot scheme fits {user_pattern!r} with {size} slots, and the "
                     f"per-token table fallback is limited to max_len <= {TABLE_LIMIT} (got {n})")
             scheme = greedy_table(cols.last_use(np.arange(n), n))
             notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
@@ -125,14 +140,14 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     else:
         if n > TABLE_LIMIT:
             raise AnalysisError(
-                f"analyze: {pattern!r} has no length-independent periodic description (a spread with a "
+                f"analyze: {user_pattern!r} has no length-independent periodic description (a spread with a "
                 f"non-square unit over a diagonal layout); the per-token fallback is limited to "
                 f"max_len <= {TABLE_LIMIT}, got {n}")
         m = pattern.to_mask(n)
         if np.triu(m, 1).any():
             i, j = np.argwhere(np.triu(m, 1))[0]
             raise AnalysisError(
-                f"analyze: pattern {pattern!r} is not causal (query {i} attends key {j}); multiply it by Causal()")
+                f"analyze: pattern {user_pattern!r} is not causal (query {i} attends key {j}); multiply it by Causal()")
         L = _brute_last_use(pattern, n)
         scheme = greedy_table(L)
         size, peak = scheme.C, 0
@@ -144,10 +159,11 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             f"{len(dyn)} Dynamic component(s) analysed as the region they cover; their run-time key "
             f"selection (budget {', '.join(str(d.budget) for d in dyn)}) is handled by sas.dynamic")
     if size <= 0:
-        raise AnalysisError(f"analyze: pattern {pattern!r} attends no key within max_len={n}: it is empty")
+        raise AnalysisError(f"analyze: pattern {user_pattern!r} attends no key within max_len={n}: it is empty")
     groups = decompose(pattern, cols, n) if cols is not None else ()
-    mod, tables = synthesize(pattern, scheme, n)
+    # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
+    mod, tables = synthesize(user_pattern, scheme, n)
     fns = compile_functions(mod)
-    return Analysis(pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
+    return Analysis(user_pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
                     not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
                     fns["slot_key_func"], fns["mask_func"], scheme, cols)

@@ -18,8 +18,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sas.errors import AnalysisError
 from sas.ir.periodicity import Structure
 from sas.lang.pattern import Pattern
+
+#: Most cells the length-independent analysis evaluates in one window (~256 MiB of int64).
+WINDOW_LIMIT = 1 << 25
+
+
+def check_window(pattern: Pattern, rows: int, cols: int, st: Structure) -> None:
+    """Refuse, before allocating, a window of rows x cols cells larger than WINDOW_LIMIT."""
+    if rows * cols > WINDOW_LIMIT:
+        raise AnalysisError(
+            f"the periodic description of {pattern!r} (boundary T={st.T}, period P={st.P}, vertical "
+            f"period {st.Qv} from distance {st.Dv}) needs a window of {rows} x {cols} = {rows * cols} "
+            f"cells, more than the limit {WINDOW_LIMIT}: its offsets, sizes or strides are too large "
+            f"for the length-independent analysis (give a max_len no larger than needed, or use "
+            f"smaller parameters)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +115,7 @@ class ColumnShapes:
 def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     """Evaluate the oracle on the few cells that determine every column shape."""
     T, P, Q = st.T, st.P, st.Qv
+    check_window(pattern, T + P, max(T, st.Dv) + 2 * Q, st)
     keys = np.concatenate([np.arange(T), T + np.arange(P)]).astype(np.int64)
     D = np.concatenate([np.maximum(T - np.arange(T), st.Dv), np.full(P, st.Dv)]).astype(np.int64)
     W = int(D.max()) + 2 * Q
@@ -114,6 +130,7 @@ def upper_triangle_clear(pattern: Pattern, st: Structure) -> tuple[int, int] | N
     """Return a cell (i, j) with j > i that the pattern attends, or None if it is causal."""
     rows = st.T + st.P
     cols = max(st.T, rows + st.Dh) + st.Qh + 1
+    check_window(pattern, rows, cols, st)
     i = np.arange(rows, dtype=np.int64)[:, None]
     j = np.arange(cols, dtype=np.int64)[None, :]
     bad = np.asarray(pattern.evaluate(i, j), dtype=bool) & (j > i)

@@ -74,9 +74,15 @@ class _V:
         return self.const is not None
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def _c(value: int | bool) -> _V:
     if isinstance(value, bool):
         return _V("True" if value else "False", True, value)
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise KernelError(f"generated expression needs the integer constant {value}, outside the int64 range "
+                          f"[-2**63, 2**63 - 1] that kernels compute in")
     return _V(str(int(value)) if value >= 0 else f"({int(value)})", False, int(value))
 
 

@@ -20,16 +20,17 @@ what it leaves uncovered (paper Table 6) and H2O alone satisfy the condition.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sas.dynamic.fusion import analyze_fusion
-from sas.dynamic.plan import FOREVER, NEVER, DynamicPlan, plan_dynamic
+from sas.dynamic.plan import FOREVER, SCHEDULE_LIMIT, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
 from sas.errors import AnalysisError, NotYetSupportedError, PatternError
-from sas.lang.pattern import Pattern
+from sas.lang.pattern import MAX_INDEX, Pattern
 
 _ELEMENTWISE = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}
 
@@ -47,8 +48,18 @@ class FusedScore:
         """The epilogue applied to the expression `x`, in operator order (valid Triton and
         Python, rendered into the update kernel and the generated `epilogue`)."""
         for op, c, left in self.epilogue:
-            x = f"({c!r} {op} {x})" if left else f"({x} {op} {c!r})"
+            x = f"({float_literal(c)} {op} {x})" if left else f"({x} {op} {float_literal(c)})"
         return x
+
+
+def float_literal(c: float) -> str:
+    """`c` as source text valid in Python and Triton: `float('inf')` for infinities (whose
+    repr, `inf`, is not a name there); NaN is refused by the score op chain before this."""
+    if math.isnan(c):
+        raise PatternError("a NaN constant cannot be part of a fused score chain")
+    if math.isinf(c):
+        return "float('inf')" if c > 0 else "float('-inf')"
+    return repr(float(c))
 
 
 def fused_score(sg: ScoreGraph) -> FusedScore | None:
@@ -119,29 +130,16 @@ class DynamicCachePlan:
                 "score_path": "fused kernel" if self.fused else "torch (general chain)"}
 
 
-def _first_and_last(plan: DynamicPlan, n: int) -> tuple[np.ndarray, np.ndarray]:
-    j = np.arange(n, dtype=np.int64)
-    if plan.columns is not None:
-        c = plan.columns
-        s = c.shape_of(j)
-        used = c.ever_used[s]
-        first = np.where(used, j + np.argmax(c.on, axis=1)[s], NEVER)
-    else:
-        m = plan.region.to_mask(n)
-        rows = np.arange(n)[:, None]
-        used = m.any(axis=0)
-        first = np.where(used, np.where(m, rows, n).min(axis=0), NEVER)
-    last = plan.region_last_use(j)
-    first = np.where(first >= n, NEVER, first)
-    last = np.where(first < 0, NEVER, np.minimum(last, n))
-    return first, last
-
-
 def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicCachePlan:
     """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-        raise PatternError(f"max_len must be a positive integer, got {max_len!r}")
-    plan = pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 < max_len <= MAX_INDEX:
+        raise PatternError(f"max_len must be a positive integer at most 2**61, got {max_len!r}")
+    if max_len > SCHEDULE_LIMIT:
+        raise PatternError(f"max_len={max_len} is too long for the dynamic runtime: its per-token region "
+                           f"schedule is limited to max_len <= {SCHEDULE_LIMIT} ({SCHEDULE_LIMIT * 8 // 2**20} MiB "
+                           f"per table)")
+    # The budget in effect is clamped to what the region can hold within max_len.
+    plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
     from sas.analysis.analyze import analyze
 
     try:
@@ -151,7 +149,7 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
             raise
         static = None
     n = max_len
-    first, last = _first_and_last(plan, n)
+    first, last = plan.candidate_span(n)
     j = np.arange(n, dtype=np.int64)
     if static is not None:
         try:

@@ -17,7 +17,8 @@ region column is finite, the most candidates that can be alive at once (`capacit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +26,12 @@ from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_cle
 from sas.errors import NotYetSupportedError, PatternError
 from sas.dynamic.trace import ScoreGraph, trace_score
 from sas.ir.periodicity import structure
-from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Dynamic, Rect
 
+#: Longest max_len for which per-token schedules (candidate spans, the run-time region tables)
+#: are built: 16M tokens, 128 MiB per int64 table.
+SCHEDULE_LIMIT = 1 << 24
 FOREVER = np.iinfo(np.int64).max // 4   # region_last_use of a key the region uses until any length
 NEVER = -1
 
@@ -40,23 +44,21 @@ def substitute(p: Pattern, target: Dynamic, by: Pattern) -> Pattern:
     plane), folding the constants away so that the parts print as the user wrote them."""
     if isinstance(p, Dynamic):
         return by if p == target else p
-    if isinstance(p, Or):
-        a, b = substitute(p.a, target, by), substitute(p.b, target, by)
-        if a == _NOTHING:
-            return b
-        if b == _NOTHING:
-            return a
-        return _EVERYTHING if _EVERYTHING in (a, b) else Or(a, b)
-    if isinstance(p, And):
-        a, b = substitute(p.a, target, by), substitute(p.b, target, by)
-        if a == _EVERYTHING:
-            return b
-        if b == _EVERYTHING:
-            return a
-        return _NOTHING if _NOTHING in (a, b) else And(a, b)
+    if isinstance(p, (Or, And)):
+        # `_NOTHING` is the identity of a sum and absorbs a product; `_EVERYTHING` the reverse.
+        unit, zero = (_NOTHING, _EVERYTHING) if isinstance(p, Or) else (_EVERYTHING, _NOTHING)
+        terms = [t for t in (substitute(t, target, by) for t in p.terms) if t != unit]
+        if zero in terms:
+            return zero
+        if not terms:
+            return unit
+        return terms[0] if len(terms) == 1 else type(p)(*terms)
     if isinstance(p, Spread):
         u, l = substitute(p.unit, target, by), substitute(p.layout, target, by)
-        return _NOTHING if _NOTHING in (u, l) else Spread(u, l)
+        if _NOTHING in (u, l):
+            return _NOTHING
+        # Keep the block size: the substituted unit may have another box.
+        return Spread(u, l, None if u.extent() == p.shape else p.shape)
     if isinstance(p, Not):
         return Not(substitute(p.a, target, by))
     return p
@@ -87,10 +89,50 @@ class DynamicPlan:
     columns: ColumnShapes | None  # region column shapes (None: no periodic description)
     max_len: int | None
     _last_table: np.ndarray | None = None   # region last use per key, non-periodic regions only
+    #: most candidates the region holds at once (plus those entering next) within max_len, when
+    #: that is less than the Dynamic's budget: the budget is clamped to it (never evicting
+    #: either way, so nothing changes but the pool size)
+    budget_cap: int | None = None
+    #: parameters larger than max_len were clamped: the split is exact on positions < max_len only
+    clamped: bool = False
 
     @property
     def budget(self) -> int:
-        return self.dynamic.budget
+        """The budget in effect: the Dynamic's, clamped to what the region can hold (budget_cap)."""
+        return self.dynamic.budget if self.budget_cap is None else min(self.dynamic.budget, self.budget_cap)
+
+    def candidate_span(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per key j < n: the first query whose region row holds it and the last one (clipped to
+        n); both -1 for a key that is never a candidate before n."""
+        j = np.arange(n, dtype=np.int64)
+        if self.columns is not None:
+            c = self.columns
+            s = c.shape_of(j)
+            used = c.ever_used[s]
+            first = np.where(used, j + np.argmax(c.on, axis=1)[s], NEVER)
+        else:
+            m = self.region.to_mask(n)
+            rows = np.arange(n)[:, None]
+            used = m.any(axis=0)
+            first = np.where(used, np.where(m, rows, n).min(axis=0), NEVER)
+        last = self.region_last_use(j)
+        first = np.where(first >= n, NEVER, first)
+        last = np.where(first < 0, NEVER, np.minimum(last, n))
+        return first, last
+
+    def for_length(self, n: int) -> "DynamicPlan":
+        """This plan with its budget clamped to what the region can hold within length n."""
+        if self.clamped and self.max_len is not None and n > self.max_len:
+            raise PatternError(
+                f"this plan of {self.pattern!r} was made for max_len={self.max_len} and its parameters "
+                f"larger than that were clamped; make a new plan for max_len={n}")
+        if n > SCHEDULE_LIMIT:     # no per-token schedule this long: no more than n keys exist
+            most = n
+        else:
+            first, last = self.candidate_span(n)
+            most = max(1, most_candidates(first, last, n))
+        cap = most if self.dynamic.budget > most else None
+        return self if cap == self.budget_cap else replace(self, budget_cap=cap)
 
     @property
     def refresh(self) -> bool:
@@ -132,18 +174,48 @@ class DynamicPlan:
                   f"with the highest accumulated score" if self.refresh else
                   f"H2O (refresh=False): at most {self.budget} candidates held between steps; the lowest "
                   f"accumulated score is evicted for good")
-        return "\n".join([
+        lines = [
             f"dynamic component: {self.dynamic!r}",
             f"static part: {self.static!r}",
             f"dynamic region: the cells of {self.full!r} outside the static part; {cap}",
             f"policy: {policy}",
-            analyze_fusion(self.score).summary(),
-        ])
+        ]
+        if self.budget_cap is not None:
+            lines.append(f"budget: Dynamic(budget={self.dynamic.budget}) clamped to {self.budget}: within "
+                         f"max_len={self.max_len} the region never holds more candidate keys at once")
+        if self.clamped:
+            lines.append(f"parameters larger than max_len={self.max_len} clamped (exact on positions < "
+                         f"{self.max_len}): the parts above are those of {self.full!r}")
+        lines.append(analyze_fusion(self.score).summary())
+        return "\n".join(lines)
 
     def report(self) -> dict:
         return {"static": repr(self.static), "region": repr(self.region), "budget": self.budget,
+                "requested_budget": self.dynamic.budget,
                 "refresh": self.refresh, "score": repr(self.dynamic.score), "capacity": self.capacity,
                 "head_shared_score": self.score.head_shared}
+
+
+def most_candidates(first: np.ndarray, last: np.ndarray, n: int) -> int:
+    """Most keys a region holds at once before length n, counting with the keys alive at query i
+    those that enter at i + 1 (a step stages them before evicting): `first` / `last` as given by
+    `DynamicPlan.candidate_span`."""
+    keys = first >= 0
+    if not keys.any():
+        return 0
+    delta = np.zeros(n + 3, dtype=np.int64)
+    np.add.at(delta, np.maximum(first[keys] - 1, 0), 1)
+    np.add.at(delta, np.minimum(last[keys], n) + 1, -1)
+    return int(np.cumsum(delta)[:n + 1].max())
+
+
+def _check_max_len(max_len: Any) -> int | None:
+    if max_len is None:
+        return None
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or not 0 < max_len <= MAX_INDEX:
+        raise PatternError(f"plan_dynamic: max_len must be None or a positive integer at most 2**61, "
+                           f"got {max_len!r}")
+    return int(max_len)
 
 
 def _region_capacity(c: ColumnShapes) -> int | None:
@@ -174,6 +246,7 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
     """
     if not isinstance(pattern, Pattern):
         raise PatternError(f"plan_dynamic: expected a sas Pattern, got {type(pattern).__name__}")
+    max_len = _check_max_len(max_len)
     dyns = []
     for d in pattern.dynamics():
         if d not in dyns:
@@ -186,8 +259,10 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
             f"one Dynamic component per pattern is supported (the same Dynamic may appear several times)")
     dyn = dyns[0]
     _check_monotone(pattern)
-    static = substitute(pattern, dyn, _NOTHING)
-    full = substitute(pattern, dyn, _EVERYTHING)
+    # The split works on the equal pattern whose numbers fit the lengths it will see.
+    work = pattern.restrict(MAX_INDEX if max_len is None else max_len)
+    static = substitute(work, dyn, _NOTHING)
+    full = substitute(work, dyn, _EVERYTHING)
     region = And(full, Not(static))
     st = structure(region)
     cols: ColumnShapes | None = None
@@ -221,7 +296,9 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
             f"static part {static!r}), which never holds more than {capacity} candidate keys at once; use "
             f"Dynamic(budget=...) <= {capacity}")
     score = trace_score(dyn.score)
-    return DynamicPlan(pattern, dyn, static, full, region, score, capacity, cols, max_len, last_table)
+    plan = DynamicPlan(pattern, dyn, static, full, region, score, capacity, cols, max_len, last_table,
+                       clamped=work is not pattern)
+    return plan if max_len is None else plan.for_length(max_len)
 
 
-__all__ = ["DynamicPlan", "plan_dynamic", "substitute", "FOREVER", "NEVER"]
+__all__ = ["DynamicPlan", "plan_dynamic", "substitute", "most_candidates", "FOREVER", "NEVER", "SCHEDULE_LIMIT"]

@@ -20,7 +20,7 @@ per-token table and says so).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, reduce
 from math import lcm
 
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
@@ -79,7 +79,7 @@ def structure(p: Pattern) -> Structure:
     if isinstance(p, Dynamic):
         return Structure(True, 1, 0, 1, 0, 1, 0, 1, 1)
     if isinstance(p, (Or, And)):
-        return _merge(structure(p.a), structure(p.b))
+        return reduce(_merge, (structure(t) for t in p.terms))
     if isinstance(p, Not):
         return structure(p.a)
     if isinstance(p, Spread):

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sas.errors import PatternError
-from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 EMPTY, FULL, PARTIAL, UNKNOWN = 0, 1, 2, 3
+#: Most tiles one map classifies (int64 index arrays of this many entries are built).
+TILE_LIMIT = 1 << 26
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,16 +146,15 @@ def _classify(p: Pattern, r0, r1, c0, c1) -> np.ndarray:
         return np.where(n == 0, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
     if isinstance(p, Dynamic):
         return np.full(np.shape(r0), FULL, dtype=np.int8)
-    if isinstance(p, And):
-        a = _classify(p.a, r0, r1, c0, c1)
-        if np.all(a == EMPTY):
-            return a
-        return _resolve_diagonal(p, _and(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
-    if isinstance(p, Or):
-        a = _classify(p.a, r0, r1, c0, c1)
-        if np.all(a == FULL):
-            return a
-        return _resolve_diagonal(p, _or(a, _classify(p.b, r0, r1, c0, c1)), r0, r1, c0, c1)
+    if isinstance(p, (And, Or)):
+        # Fold the terms, stopping once every tile is settled (all empty / all full).
+        combine, settled = (_and, EMPTY) if isinstance(p, And) else (_or, FULL)
+        acc = _classify(p.terms[0], r0, r1, c0, c1)
+        for t in p.terms[1:]:
+            if np.all(acc == settled):
+                return acc
+            acc = combine(acc, _classify(t, r0, r1, c0, c1))
+        return _resolve_diagonal(p, acc, r0, r1, c0, c1)
     if isinstance(p, Not):
         return _not(_classify(p.a, r0, r1, c0, c1))
     if isinstance(p, Spread):
@@ -235,6 +236,8 @@ def _union(pieces: list[np.ndarray]) -> np.ndarray:
 def _check_pos_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
         raise PatternError(f"tile_map: {name} must be a positive integer, got {v!r}")
+    if v > MAX_INDEX:
+        raise PatternError(f"tile_map: {name} must be at most 2**61 (the largest index sas handles), got {v}")
     return int(v)
 
 
@@ -242,6 +245,8 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
                    block_n: int = 64, q_offset: int | None = None, *, refine: bool = True,
                    max_cells: int = 1 << 22) -> np.ndarray:
     """Dense [num_q_blocks, num_k_blocks] int8 array of EMPTY / FULL / PARTIAL classes."""
+    if not isinstance(pattern, Pattern):
+        raise PatternError(f"tile_map: pattern must be a sas Pattern, got {type(pattern).__name__}")
     q_len = _check_pos_int("q_len", q_len)
     k_len = q_len if k_len is None else _check_pos_int("k_len", k_len)
     block_m = _check_pos_int("block_m", block_m)
@@ -250,7 +255,16 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
         q_offset = k_len - q_len
     if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
         raise PatternError(f"tile_map: q_offset must be a non-negative integer, got {q_offset!r}")
+    if q_offset + q_len > MAX_INDEX:
+        raise PatternError(f"tile_map: q_offset + q_len must be at most 2**61 (the largest index sas "
+                           f"handles), got {q_offset} + {q_len}")
+    # Only indices below the last query / key matter: the same pattern with small numbers.
+    pattern = pattern.restrict(max(q_offset + q_len, k_len))
     nqb, nkb = -(-q_len // block_m), -(-k_len // block_n)
+    if nqb * nkb > TILE_LIMIT:
+        raise PatternError(f"tile_map: {q_len} queries x {k_len} keys in {block_m} x {block_n} tiles make "
+                           f"{nqb} x {nkb} = {nqb * nkb} tiles, more than the limit {TILE_LIMIT}: use larger "
+                           f"blocks or shorter sequences")
     m = np.arange(nqb, dtype=np.int64)[:, None]
     n = np.arange(nkb, dtype=np.int64)[None, :]
     r0 = np.broadcast_to(q_offset + m * block_m, (nqb, nkb))
@@ -295,9 +309,9 @@ def tile_map(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: in
     are the last q_len keys). Returns full and partial tile lists in CSR form per query block.
     """
     k_len = q_len if k_len is None else k_len
-    if q_offset is None and isinstance(q_len, int) and isinstance(k_len, int):
-        q_offset = k_len - q_len
     cls = classify_tiles(pattern, q_len, k_len, block_m, block_n, q_offset)
+    if q_offset is None:
+        q_offset = k_len - q_len
     full, part = cls == FULL, cls == PARTIAL
 
     def csr(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

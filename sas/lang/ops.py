@@ -8,6 +8,8 @@ lowered to kernels by `sas.dynamic` (see docs/dynamic.md for what runs today).
 from __future__ import annotations
 
 import keyword
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -85,13 +87,37 @@ class OpChain:
         if isinstance(other, OpChain):
             return self._then(name, other=other)
         if isinstance(other, (int, float)) and not isinstance(other, bool):
-            return self._then(name, other=float(other))
+            try:
+                value = float(other)
+            except OverflowError:
+                raise PatternError(f"score arithmetic '{name}': the integer constant ({len(str(abs(other)))} "
+                                   f"digits) is too large for a float (at most {sys.float_info.max:g})") from None
+            if math.isnan(value):
+                raise PatternError(f"score arithmetic '{name}': the constant is NaN, which would make every "
+                                   f"score NaN and the key selection arbitrary; use a finite number")
+            if name == "div" and value == 0:
+                raise PatternError(f"score arithmetic 'div': division by the constant 0 makes every score "
+                                   f"inf or NaN; divide by a non-zero number")
+            return self._then(name, other=value)
         raise PatternError(f"score arithmetic '{name}': operand must be a number or an op chain, got {other!r}")
 
     def __add__(self, other): return self._arith("add", other)
     def __sub__(self, other): return self._arith("sub", other)
     def __mul__(self, other): return self._arith("mul", other)
     def __truediv__(self, other): return self._arith("div", other)
+
+    # A number on the left: `2 + chain` and `2 * chain` are the same as with the chain first;
+    # `2 - chain` and `2 / chain` are not recorded (write them with the chain first).
+    def __radd__(self, other): return self._arith("add", other)
+    def __rmul__(self, other): return self._arith("mul", other)
+
+    def __rsub__(self, other):
+        raise PatternError(f"score arithmetic: {other!r} - chain is not supported; write the chain first, "
+                           f"e.g. chain * -1 + {other!r}")
+
+    def __rtruediv__(self, other):
+        raise PatternError(f"score arithmetic: {other!r} / chain is not supported; only a chain divided by "
+                           f"a number or by another chain (chain / x)")
 
     def __repr__(self):
         return ".".join(repr(n) for n in self.nodes)

@@ -7,13 +7,21 @@ Every node can
 - emit the same predicate as a Python AST expression (`predicate(i, j)`), which the analysis
   uses inside `mask_func` and the backends lower to kernel code;
 - report the origin-anchored extent of its True set (`extent()`), which a spread uses as
-  the unit shape.
+  the unit shape;
+- give an equal pattern with small parameters for a bounded length (`restrict(n)`).
+
+Integer parameters are Python integers of any size and mean exactly what they say. Indices
+(query i, key j) are below `MAX_INDEX`; everything that computes with fixed-width integers
+(numpy evaluation, the analysis, generated kernels) first restricts the pattern to the
+length it works on, so `Diag(0, 2**200)` is "unbounded" and `Diag(-2**63, None)` attends
+every key at and below the diagonal plus all keys above it, as written.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import cached_property, reduce
 from typing import Iterator
 
 import numpy as np
@@ -21,6 +29,16 @@ import numpy as np
 from sas.errors import PatternError
 
 Extent = tuple[int | None, int | None]
+
+#: Every query / key index sas reasons about is below this (2^61): parameters restricted to
+#: it, and index arithmetic on them, fit in int64 with room to spare.
+MAX_INDEX = 1 << 61
+#: Deepest operator nesting a pattern may have (sums and products of many terms are flat;
+#: only alternating operators, `~` and `>>` nest). Deeper trees would run into Python's
+#: recursion limit in the analysis and in code generation.
+MAX_DEPTH = 100
+#: Largest `n` of `to_mask(n)`: the mask is n x n booleans (4 GiB at the limit).
+MASK_LIMIT = 1 << 16
 
 
 def _b(op: ast.boolop, values: list[ast.expr]) -> ast.expr:
@@ -59,6 +77,13 @@ class Pattern:
     def __rrshift__(self, other: object) -> "Pattern":
         raise _left_operand_error(other, ">>")
 
+    # `a - b` for "a without b" is `a * ~b`.
+    def __sub__(self, other: object) -> "Pattern":
+        raise PatternError("operator '-' is not a pattern operator: write a * ~b for the cells of a that "
+                           "are not in b")
+
+    __rsub__ = __sub__
+
     # FlexAttention habits: `|`, `&` are not the pattern operators; say which ones are.
     def __or__(self, other: object) -> "Pattern":
         raise PatternError("operator '|' is not a pattern operator: use '+' for OR (a + b)")
@@ -86,17 +111,51 @@ class Pattern:
     def children(self) -> tuple["Pattern", ...]:
         return ()
 
+    def restrict(self, n: int) -> "Pattern":
+        """A pattern equal to this one on every cell (i, j) with 0 <= i, j < n whose integer
+        parameters all lie within [-2n, 2n] (`self` when they already do).
+
+        Parameters beyond the length are exact to clamp: a band longer than any distance
+        becomes unbounded, an offset past every index becomes empty, a stride longer than
+        the index range keeps its single on-line, a spread unit larger than n is cut to n.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= MAX_INDEX:
+            raise PatternError(f"restrict: n must be a positive integer at most 2**61, got {n!r}")
+        return self._restrict(int(n))
+
+    def _restrict(self, n: int) -> "Pattern":
+        raise NotImplementedError
+
+    def _params_within(self, n: int) -> bool:
+        """Do this node's own integer parameters lie within [-2n, 2n]?"""
+        return True
+
+    @cached_property
+    def _index_safe(self) -> "Pattern":
+        """`restrict(MAX_INDEX)`: the form numpy evaluation and predicates compute with."""
+        return self._restrict(MAX_INDEX)
+
+    @cached_property
+    def depth(self) -> int:
+        """Operator nesting depth: 1 for a primitive."""
+        return 1 + max((c.depth for c in self.children()), default=0)
+
     def to_mask(self, n: int) -> np.ndarray:
         """The exact boolean `n x n` mask: row = query index i, column = key index j."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise PatternError(f"to_mask: n must be a positive integer, got {n!r}")
+        if n > MASK_LIMIT:
+            raise PatternError(f"to_mask: n={n} would build an {n} x {n} mask ({n * n} cells); the limit "
+                               f"is n <= {MASK_LIMIT}: use sas.analyze for long sequences")
         idx = np.arange(int(n), dtype=np.int64)
         return np.asarray(self.evaluate(idx[:, None], idx[None, :]), dtype=bool)
 
     def walk(self) -> Iterator["Pattern"]:
-        yield self
-        for c in self.children():
-            yield from c.walk()
+        stack: list[Pattern] = [self]
+        while stack:
+            p = stack.pop()
+            yield p
+            stack.extend(reversed(p.children()))
 
     def dynamics(self) -> list["Pattern"]:
         from sas.lang.primitives import Dynamic
@@ -134,6 +193,35 @@ def _check_fields(node: Pattern, *names: str) -> None:
             )
 
 
+def _check_depth(node: Pattern) -> None:
+    if node.depth > MAX_DEPTH:
+        raise PatternError(
+            f"{type(node).__name__}: the pattern would be nested {node.depth} operators deep; the limit "
+            f"is {MAX_DEPTH} (sums and products of many terms are flat; only alternating operators, "
+            f"'~' and '>>' nest): build it with fewer nested levels")
+
+
+def _terms(cls: type, terms: tuple[object, ...]) -> tuple[Pattern, ...]:
+    """Check the operands of an n-ary node and splice in those of nested nodes of its kind."""
+    if len(terms) < 2:
+        raise PatternError(f"{cls.__name__}(...) needs at least two sas patterns, got {len(terms)}")
+    out: list[Pattern] = []
+    for k, t in enumerate(terms):
+        if not isinstance(t, Pattern):
+            label = ("a", "b")[k] if len(terms) == 2 else f"terms[{k}]"
+            raise PatternError(
+                f"{cls.__name__}({label}=...) must be a sas pattern (Rect, Diag, Dynamic, ...), "
+                f"got {type(t).__name__}")
+        out.extend(t.terms if type(t) is cls else (t,))
+    return tuple(out)
+
+
+def _restricted_terms(terms: tuple[Pattern, ...], n: int) -> tuple[Pattern, ...] | None:
+    """The terms restricted to n, or None when none of them changes."""
+    new = tuple(t._restrict(n) for t in terms)
+    return None if all(a is b for a, b in zip(new, terms)) else new
+
+
 def _min_bound(a: int | None, b: int | None) -> int | None:
     if a is None:
         return b
@@ -148,61 +236,75 @@ def _max_bound(a: int | None, b: int | None) -> int | None:
     return max(a, b)
 
 
-@dataclass(frozen=True)
-class Or(Pattern):
-    """`a + b`: a cell is on when it is on in either operand."""
+class _NAry(Pattern):
+    """Shared by Or and And: a flat tuple of at least two terms, none of the node's own kind.
 
-    a: Pattern
-    b: Pattern
+    `a` and `b` give the left-associative binary view (`a + b + c` is `(a + b) + c`).
+    """
 
-    def __post_init__(self):
-        _check_fields(self, "a", "b")
+    terms: tuple[Pattern, ...]
+    _symbol = "?"
+
+    def __init__(self, *terms: Pattern):
+        object.__setattr__(self, "terms", _terms(type(self), terms))
+        _check_depth(self)
+
+    @property
+    def a(self) -> Pattern:
+        return self.terms[0] if len(self.terms) == 2 else type(self)(*self.terms[:-1])
+
+    @property
+    def b(self) -> Pattern:
+        return self.terms[-1]
+
+    def children(self):
+        return self.terms
+
+    def _restrict(self, n):
+        new = _restricted_terms(self.terms, n)
+        return self if new is None else type(self)(*new)
+
+    def __repr__(self):
+        return "(" + f" {self._symbol} ".join(repr(t) for t in self.terms) + ")"
+
+
+@dataclass(frozen=True, init=False, repr=False)
+class Or(_NAry):
+    """`a + b + ...`: a cell is on when it is on in any term."""
+
+    terms: tuple[Pattern, ...]
+    _symbol = "+"
 
     def evaluate(self, i, j):
-        return self.a.evaluate(i, j) | self.b.evaluate(i, j)
+        return reduce(np.logical_or, (t.evaluate(i, j) for t in self.terms))
 
     def predicate(self, i, j):
-        pa, pb = self.a.predicate(i, j), self.b.predicate(i, j)
-        if any(isinstance(p, ast.Constant) and p.value is True for p in (pa, pb)):
+        preds = [t.predicate(i, j) for t in self.terms]
+        if any(isinstance(p, ast.Constant) and p.value is True for p in preds):
             return ast.Constant(True)
-        return ast.BoolOp(op=ast.Or(), values=[pa, pb])
+        return ast.BoolOp(op=ast.Or(), values=preds)
 
     def extent(self):
-        (ra, ca), (rb, cb) = self.a.extent(), self.b.extent()
-        return _max_bound(ra, rb), _max_bound(ca, cb)
-
-    def children(self):
-        return (self.a, self.b)
-
-    def __repr__(self):
-        return f"({self.a!r} + {self.b!r})"
+        return reduce(lambda x, y: (_max_bound(x[0], y[0]), _max_bound(x[1], y[1])),
+                      (t.extent() for t in self.terms))
 
 
-@dataclass(frozen=True)
-class And(Pattern):
-    """`a * b`: a cell is on when it is on in both operands."""
+@dataclass(frozen=True, init=False, repr=False)
+class And(_NAry):
+    """`a * b * ...`: a cell is on when it is on in every term."""
 
-    a: Pattern
-    b: Pattern
-
-    def __post_init__(self):
-        _check_fields(self, "a", "b")
+    terms: tuple[Pattern, ...]
+    _symbol = "*"
 
     def evaluate(self, i, j):
-        return self.a.evaluate(i, j) & self.b.evaluate(i, j)
+        return reduce(np.logical_and, (t.evaluate(i, j) for t in self.terms))
 
     def predicate(self, i, j):
-        return _b(ast.And(), [self.a.predicate(i, j), self.b.predicate(i, j)])
+        return _b(ast.And(), [t.predicate(i, j) for t in self.terms])
 
     def extent(self):
-        (ra, ca), (rb, cb) = self.a.extent(), self.b.extent()
-        return _min_bound(ra, rb), _min_bound(ca, cb)
-
-    def children(self):
-        return (self.a, self.b)
-
-    def __repr__(self):
-        return f"({self.a!r} * {self.b!r})"
+        return reduce(lambda x, y: (_min_bound(x[0], y[0]), _min_bound(x[1], y[1])),
+                      (t.extent() for t in self.terms))
 
 
 @dataclass(frozen=True)
@@ -213,9 +315,14 @@ class Not(Pattern):
 
     def __post_init__(self):
         _check_fields(self, "a")
+        _check_depth(self)
 
     def evaluate(self, i, j):
         return ~self.a.evaluate(i, j)
+
+    def _restrict(self, n):
+        a = self.a._restrict(n)
+        return self if a is self.a else Not(a)
 
     def predicate(self, i, j):
         return ast.UnaryOp(op=ast.Not(), operand=self.a.predicate(i, j))
@@ -236,13 +343,25 @@ class Spread(Pattern):
     the unit's origin-anchored box, and every on-block is filled with the unit.
 
     M(i, j) = layout(i // h, j // w) and unit(i % h, j % w).
+
+    `box`, when given, is the block size `(h, w)` instead of the unit's box: `restrict` uses
+    it to cut a unit larger than the length without nesting the tree deeper.
     """
 
     unit: Pattern
     layout: Pattern
+    box: tuple[int, int] | None = None
 
     def __post_init__(self):
         _check_fields(self, "unit", "layout")
+        if self.box is not None:
+            ok = (isinstance(self.box, tuple) and len(self.box) == 2
+                  and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in self.box))
+            if not ok:
+                raise PatternError(f"Spread(box=...) must be None or a pair (h, w) of positive integers, "
+                                   f"got {self.box!r}")
+            _check_depth(self)
+            return
         h, w = self.unit.extent()
         if h is None or w is None:
             raise PatternError(
@@ -252,18 +371,40 @@ class Spread(Pattern):
             )
         if h <= 0 or w <= 0:
             raise PatternError(f"spread '>>': the unit {self.unit!r} has an empty box {h}x{w}")
+        _check_depth(self)
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.box is not None:
+            return self.box
         h, w = self.unit.extent()
         assert h is not None and w is not None
         return h, w
 
+    def _params_within(self, n):
+        h, w = self.shape
+        return h <= 2 * n and w <= 2 * n
+
+    def _restrict(self, n):
+        # Rows i < n see the unit at i % h < min(h, n) and the layout at i // h: a unit taller
+        # (wider) than n is the same as one cut to n, since then i // h = 0 and i % h = i.
+        h, w = self.shape
+        hh, ww = (h if h <= 2 * n else n), (w if w <= 2 * n else n)
+        unit = self.unit._restrict(max(min(hh, n), min(ww, n)))
+        layout = self.layout._restrict(max(-(-n // hh), -(-n // ww)))
+        if (hh, ww) == (h, w) and unit is self.unit and layout is self.layout:
+            return self
+        return Spread(unit, layout, None if unit.extent() == (hh, ww) else (hh, ww))
+
     def evaluate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.evaluate(i, j)
         h, w = self.shape
         return self.layout.evaluate(i // h, j // w) & self.unit.evaluate(i % h, j % w)
 
     def predicate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.predicate(i, j)
         h, w = self.shape
 
         def op(x: ast.expr, o: ast.operator, k: int) -> ast.expr:
@@ -285,4 +426,8 @@ class Spread(Pattern):
         return (self.unit, self.layout)
 
     def __repr__(self):
+        if self.box is not None:
+            return f"Spread({self.unit!r}, {self.layout!r}, box={self.box})"
         return f"({self.unit!r} >> {self.layout!r})"
+
+

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sas.errors import PatternError
-from sas.lang.pattern import Pattern, _b
+from sas.lang.pattern import MAX_INDEX, Pattern, _b
 
 Bound = tuple[int | None, int | None] | None
 
@@ -49,6 +49,25 @@ def _check_range(name: str, value: Any) -> tuple[int | None, int | None]:
     return lo, hi
 
 
+def _empty(n: int) -> "Diag":
+    """A pattern with no cell (i, j), 0 <= i, j < n, on: the diagonal i - j = n."""
+    return Diag(n, 1)
+
+
+def _axis_restrict(rng: tuple[int | None, int | None], stride: int, offset: int, n: int):
+    """One Rect axis on the indices [0, n): the same selection with small numbers as
+    (range, stride, offset), or None when it selects no index."""
+    lo, hi = rng
+    start = lo or 0
+    stop = n if hi is None else min(hi, n)
+    first = start + offset                    # the first selected index
+    if first >= stop:
+        return None
+    if first + stride >= stop:                # a single selected index
+        return (first, first + 1), 1, 0
+    return (lo, hi if hi is not None and hi <= n else None), stride, offset
+
+
 def _cmp(left: ast.expr, op: ast.cmpop, right: ast.expr) -> ast.expr:
     return ast.Compare(left=left, ops=[op], comparators=[right])
 
@@ -82,7 +101,27 @@ class Diag(Pattern):
         object.__setattr__(self, "size", _check_int("Diag(size=...)", self.size, minimum=1, allow_none=True))
         object.__setattr__(self, "stride", _check_int("Diag(stride=...)", self.stride, minimum=1))
 
+    def _params_within(self, n):
+        o, s, t = self.offset, self.size, self.stride
+        return abs(o) <= 2 * n and (s is None or o + s <= 2 * n) and t <= 2 * n
+
+    def _restrict(self, n):
+        if self._params_within(n):
+            return self
+        o, s, t = self.offset, self.size, self.stride
+        # On [0, n)^2, i - j runs over [-(n - 1), n - 1]: the band [o, o + s) matters there only.
+        lo = max(o, -(n - 1))
+        hi = n if s is None else min(o + s, n)
+        first = lo + (o - lo) % t              # the first on-diagonal at or after lo
+        if first >= hi:
+            return _empty(n)
+        if first + t >= hi:                    # a single on-diagonal in range
+            return Diag(first, 1)
+        return Diag(first, None if s is None or o + s >= n else hi - first, t)
+
     def evaluate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.evaluate(i, j)
         d = i - j - self.offset
         m = d >= 0
         if self.size is not None:
@@ -92,6 +131,8 @@ class Diag(Pattern):
         return m
 
     def predicate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.predicate(i, j)
         diff = ast.BinOp(i, ast.Sub(), j)
         parts = [_cmp(diff, ast.GtE(), _const(self.offset))]
         if self.size is not None:
@@ -156,6 +197,19 @@ class Rect(Pattern):
         object.__setattr__(self, "stride", (sr, sc))
         object.__setattr__(self, "offset", (orr, oc))
 
+    def _params_within(self, n):
+        bounds = [b for b in self.rows + self.cols if b is not None]
+        return all(b <= 2 * n for b in bounds) and max(self.stride) <= 2 * n
+
+    def _restrict(self, n):
+        if self._params_within(n):
+            return self
+        r = _axis_restrict(self.rows, self.stride[0], self.offset[0], n)
+        c = _axis_restrict(self.cols, self.stride[1], self.offset[1], n)
+        if r is None or c is None:
+            return _empty(n)
+        return Rect(r[0], c[0], stride=(r[1], c[1]), offset=(r[2], c[2]))
+
     def _axis(self, x, rng, stride, offset):
         lo, hi = rng
         m = np.ones(np.shape(x), dtype=bool)
@@ -168,6 +222,8 @@ class Rect(Pattern):
         return m
 
     def evaluate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.evaluate(i, j)
         return self._axis(i, self.rows, self.stride[0], self.offset[0]) & \
             self._axis(j, self.cols, self.stride[1], self.offset[1])
 
@@ -185,6 +241,8 @@ class Rect(Pattern):
         return parts
 
     def predicate(self, i, j):
+        if not self._params_within(MAX_INDEX):
+            return self._index_safe.predicate(i, j)
         return _b(ast.And(), self._axis_pred(i, self.rows, self.stride[0], self.offset[0])
                   + self._axis_pred(j, self.cols, self.stride[1], self.offset[1]))
 
@@ -231,6 +289,9 @@ class Dynamic(Pattern):
             )
         if not isinstance(self.refresh, bool):
             raise PatternError(f"Dynamic(refresh=...) must be True or False, got {self.refresh!r}")
+
+    def _restrict(self, n):
+        return self
 
     def evaluate(self, i, j):
         return np.ones(np.broadcast_shapes(np.shape(i), np.shape(j)), dtype=bool)

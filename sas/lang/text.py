@@ -27,7 +27,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 from sas.errors import ParseError, PatternError, SASError
 from sas.lang import ops
 from sas.lang.ops import OpChain
-from sas.lang.pattern import Pattern
+from sas.lang.pattern import And, Or, Pattern
 from sas.lang.primitives import Causal, Diag, Dynamic, Rect
 from sas.resources import data_folder
 
@@ -235,12 +235,42 @@ def _pos(node: Tree | Token) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _int_literal(tok: Token) -> int:
+#: Integer literals must lie in the int64 range (a length, offset or size beyond it is never
+#: needed: write None for unbounded).
+INT_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+#: How each operator of the tree builds its pattern from its operands (sums and products are
+#: n-ary: a chain `a + b + c` is built at once).
+_OPERATORS: dict[str, Callable[[list[Pattern]], Pattern]] = {
+    "or_": lambda xs: Or(*xs),
+    "and_": lambda xs: And(*xs),
+    "spread": lambda xs: xs[0] >> xs[1],
+    "not_": lambda xs: ~xs[0],
+}
+
+
+def _chain(node: Tree) -> tuple[list[Tree], Token]:
+    """Operands of a left-deep chain `a + b + c` of one operator (`(a + b) + c` in the tree),
+    gathered without recursion, and the chain's first operator token."""
+    kind = node.data
+    right: list[Tree] = []
+    op = node.children[1]
+    while isinstance(node, Tree) and node.data == kind:
+        node, op, operand = node.children
+        right.append(operand)
+    return [node] + right[::-1], op
+
+
+def _int_literal(tok: Token) -> int | None:
+    """The literal's value, or None when it is outside INT_RANGE."""
     s = tok.value.replace("_", "")
     scale = _SIZE_SUFFIX.get(s[-1].lower(), 1)
     if scale != 1:
         s = s[:-1]
-    return int(s) * scale
+    if len(s.lstrip("-").lstrip("0")) > 20:     # never convert thousands of digits
+        return None
+    value = int(s) * scale
+    return value if INT_RANGE[0] <= value <= INT_RANGE[1] else None
 
 
 class _Builder:
@@ -281,26 +311,43 @@ class _Builder:
         return dict(self.defs)
 
     # pattern expressions -------------------------------------------------------------------
-    def expr(self, node: Tree) -> Pattern:
-        kind = node.data
-        if kind == "ref":
-            return self.ref(node.children[0])
-        if kind == "primitive":
-            return self.primitive(node)
-        if kind == "not_":
-            op, operand = node.children
-            return self.apply(lambda: ~self.expr(operand), op)
-        if kind in ("or_", "and_", "spread"):
-            left, op, right = node.children
-            a, b = self.expr(left), self.expr(right)
-            fn = {"or_": lambda: a + b, "and_": lambda: a * b, "spread": lambda: a >> b}[kind]
-            return self.apply(fn, op)
-        raise self.error(f"unexpected construct {kind!r}", node)  # grammar and builder disagree
+    def expr(self, root: Tree) -> Pattern:
+        """Build the pattern of an expression tree without recursion (a sum of thousands of
+        terms is one flat `Or`; nesting deeper than `MAX_DEPTH` is refused at its operator)."""
+        # Post-order walk on an explicit stack. A task is ("visit", node) or ("build", node,
+        # operator token, operand count); built patterns wait on `done` in operand order.
+        tasks: list[tuple] = [("visit", root)]
+        done: list[Pattern] = []
+        while tasks:
+            task = tasks.pop()
+            if task[0] == "build":
+                _, kind, op, count = task
+                operands = done[len(done) - count:]
+                del done[len(done) - count:]
+                done.append(self.apply(_OPERATORS[kind], operands, op))
+                continue
+            node = task[1]
+            kind = node.data
+            if kind == "ref":
+                done.append(self.ref(node.children[0]))
+            elif kind == "primitive":
+                done.append(self.primitive(node))
+            elif kind == "not_":
+                op, operand = node.children
+                tasks += [("build", kind, op, 1), ("visit", operand)]
+            elif kind in ("or_", "and_", "spread"):
+                operands, op = _chain(node) if kind != "spread" else ([node.children[0], node.children[2]],
+                                                                      node.children[1])
+                tasks.append(("build", kind, op, len(operands)))
+                tasks += [("visit", c) for c in reversed(operands)]
+            else:
+                raise self.error(f"unexpected construct {kind!r}", node)  # grammar and builder disagree
+        return done[0]
 
-    def apply(self, fn: Callable[[], Pattern], op: Token) -> Pattern:
+    def apply(self, fn: Callable[[list[Pattern]], Pattern], operands: list[Pattern], op: Token) -> Pattern:
         """Run an operator, reporting a PatternError at the operator token."""
         try:
-            return fn()
+            return fn(operands)
         except PatternError as e:
             raise self.error(f"operator {op.value!r}: {e}", op) from None
 
@@ -376,7 +423,13 @@ class _Builder:
     def value(self, node: Tree) -> Any:
         kind = node.data
         if kind == "integer":
-            return _int_literal(node.children[0])
+            tok = node.children[0]
+            value = _int_literal(tok)
+            if value is None:
+                shown = tok.value if len(tok.value) <= 30 else f"{tok.value[:12]}...({len(tok.value)} characters)"
+                raise self.error(f"integer literal {shown} is out of range: integers must lie in "
+                                 f"[-2**63, 2**63 - 1] (write None for unbounded)", tok)
+            return value
         if kind == "string":
             return node.children[0].value[1:-1]
         if kind == "none":
