@@ -52,6 +52,15 @@ def _cache_dir(tmp_path_factory):
         os.environ["SAS_CACHE_DIR"] = old
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small CPU ops run far faster on one thread than on OpenMP threads fighting over shared cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def qkv(B, Hq, Hkv, L, D, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, h, L, D, generator=g, dtype=torch.float64).to(dtype) for h in (Hq, Hkv, Hkv))

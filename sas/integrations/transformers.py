@@ -237,7 +237,7 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     runtimes = {p: PatternRuntime.build(p, max_len, backend, layers, device, head_dim)
                 for p, layers in by_pattern.items()}
     window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True):
+    if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
         warnings.warn(f"sas_attention: the model's own sliding window ({window}) is replaced by the sas patterns; "
                       f"write it into the pattern (e.g. Diag(0, {window})) to keep it", stacklevel=2)
     _register()
