@@ -105,6 +105,20 @@ def test_prefill_matches_oracle(name):
     assert err(ex.prefill(q[:, :, -7:], k, v), reference(p, q[:, :, -7:], k, v)) < TOL
 
 
+def test_plans_are_reused_or_rebuilt_within_the_memory_limit():
+    p = PATTERNS["openai_fixed"]
+    ex = executor(p, 48)
+    q, k, v = qkv(1, 2, 2, 40, 16, seed=2)
+    want = reference(p, q, k, v)
+    small = ex.prefill_plan(None, 40, 40, 1, "cpu")
+    small._keep_limit = 100                       # more mask elements than that: rebuilt on each use
+    big = ex.prefill_plan(None, 40, 40, 1, "cpu")
+    for _ in range(2):
+        assert err(ex.prefill(q, k, v, plan=small), want) < TOL
+        assert err(ex.prefill(q, k, v, plan=big), want) < TOL
+    assert big.kept and not small.kept
+
+
 def test_prefill_without_analysis_runs_non_causal_patterns():
     p = Diag(-2, 5)                                                  # attends two keys ahead
     with pytest.raises(AnalysisError):

@@ -209,7 +209,9 @@ class SASCacheLayer(CacheLayerMixin):
             if rt.use_triton(q):
                 out = rt.triton_decode(q, k, v, self.keys, self.values, pos[:, 0], scale)
             else:
-                out = rt.executor.decode(q, k, v, self.keys, self.values, pos[:, 0], scale=scale)
+                ex = rt.executor
+                plan = _memo(memo, (id(rt), "decode"), lambda: ex.decode_plan(pos[:, 0], B))
+                out = ex.decode(q, k, v, self.keys, self.values, None, scale=scale, plan=plan)
         else:
             ex = rt.executor
             plan = _memo(memo, (id(rt), "chunk"), lambda: ex.chunk_plan(pos, B))

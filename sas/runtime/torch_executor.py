@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -47,6 +47,8 @@ from sas.lang.pattern import Pattern
 BLOCK_Q = 128
 #: a block gathers its attended key columns when they are at most this fraction of the range
 GATHER_FRACTION = 0.5
+#: a plan keeps its block masks (for reuse by other layers) up to this many mask elements
+KEEP_LIMIT = 1 << 27
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -63,18 +65,48 @@ class PlanBlock:
     empty: bool = False
 
 
-@dataclass(frozen=True, eq=False)
 class AttendPlan:
-    """The masks of one masked-attention call. It depends only on the pattern and the
-    positions, so every layer with the same pattern can reuse it."""
+    """The masks of one masked-attention call, block by block. They depend only on the pattern
+    and the positions, so every layer with the same pattern can reuse the plan: the blocks are
+    built on first use and kept while their masks hold at most `keep_limit` elements (beyond
+    that each use rebuilds them, so memory stays bounded by one block at long contexts)."""
 
-    q_len: int
-    k_len: int
-    rows: int                       # 1 (shared by the batch) or B
-    blocks: tuple[PlanBlock, ...]
+    def __init__(self, q_len: int, k_len: int, rows: int, make: Callable[[int, int], PlanBlock] | None = None,
+                 block_q: int = BLOCK_Q, blocks: tuple[PlanBlock, ...] | None = None,
+                 keep_limit: int = KEEP_LIMIT):
+        self.q_len, self.k_len, self.rows = q_len, k_len, rows
+        self._make, self._block_q, self._keep_limit = make, block_q, keep_limit
+        self._blocks = blocks
 
-    def mask_elements(self) -> int:
-        return sum(0 if b.mask is None else b.mask.numel() for b in self.blocks)
+    def blocks(self) -> Iterator[PlanBlock]:
+        if self._blocks is not None:
+            yield from self._blocks
+            return
+        kept: list[PlanBlock] | None = []
+        size = 0
+        for q0 in range(0, self.q_len, self._block_q):
+            blk = self._make(q0, min(q0 + self._block_q, self.q_len))
+            if kept is not None:
+                size += 0 if blk.mask is None else blk.mask.numel()
+                kept = kept + [blk] if size <= self._keep_limit else None
+            yield blk
+        if kept is not None:
+            self._blocks = tuple(kept)
+
+    @property
+    def kept(self) -> bool:
+        """Whether the blocks are stored (built once, reused)."""
+        return self._blocks is not None
+
+
+@dataclass(frozen=True, eq=False)
+class DecodePlan:
+    """One decode step: each row's position [B] (-1: padding row), the slot its key goes to
+    [B] (-1: not stored) and the plan over the attended slots."""
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    attend: AttendPlan
 
 
 def _compile(name: str, params: list[str], fn: LoweredFunction, table_args: list[str]) -> Callable[..., Any]:
@@ -243,9 +275,8 @@ class TorchExecutor:
         R = max(q_pos.shape[0], k_pos.shape[0])
         Lq, Lk = q_pos.shape[1], k_pos.shape[1]
         shift = Lk - Lq
-        blocks = []
-        for q0 in range(0, Lq, self.block_q):
-            q1 = min(q0 + self.block_q, Lq)
+
+        def make(q0: int, q1: int) -> PlanBlock:
             k_hi = min(Lk, shift + q1) if ordered else Lk
             qp = q_pos[:, q0:q1, None]
             kp = k_pos[:, None, :k_hi]
@@ -253,14 +284,14 @@ class TorchExecutor:
             on = m.any(dim=1).any(dim=0)
             n_on = int(on.sum())
             if n_on == 0:
-                blocks.append(PlanBlock(q0, q1, 0, None, None, empty=True))
-                continue
+                return PlanBlock(q0, q1, 0, None, None, empty=True)
             cols = None
             if n_on <= GATHER_FRACTION * k_hi:
                 cols = torch.nonzero(on)[:, 0]
                 m = m[:, :, cols]
-            blocks.append(PlanBlock(q0, q1, k_hi, cols, None if bool(m.all()) else m))
-        return AttendPlan(Lq, Lk, R, tuple(blocks))
+            return PlanBlock(q0, q1, k_hi, cols, None if bool(m.all()) else m)
+
+        return AttendPlan(Lq, Lk, R, make, self.block_q)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttendPlan,
                scale: float | None = None) -> torch.Tensor:
@@ -272,7 +303,7 @@ class TorchExecutor:
         ct = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         out = torch.zeros(B, Hkv, G, Lq, v.shape[3], dtype=ct, device=q.device)
         qg = q.view(B, Hkv, G, Lq, D)
-        for blk in plan.blocks:
+        for blk in plan.blocks():
             if blk.empty:
                 continue
             n = blk.q1 - blk.q0
@@ -395,11 +426,32 @@ class TorchExecutor:
         self._write(k, v, past_k, past_v, p)
 
     # --- decode ----------------------------------------------------------------------------
+    def decode_plan(self, position: int | torch.Tensor, batch: int, device: Any = None) -> DecodePlan:
+        """The slots a decode step at `position` (int, or LongTensor [B]) writes and attends
+        (reusable by every layer with the same pattern)."""
+        where = "TorchExecutor.decode"
+        self._need_cache(where)
+        if isinstance(position, bool) or not isinstance(position, (int, torch.Tensor)):
+            raise KernelError(f"{where}: position must be an int or an integer tensor [B], got {position!r}")
+        if isinstance(position, int):
+            if position < 0:
+                raise KernelError(f"{where}: position must be a non-negative integer, got {position}")
+            pos = torch.full((batch, 1), position, dtype=torch.int64, device=device)
+        else:
+            if position.dim() != 1 or position.shape[0] != batch:
+                raise KernelError(f"{where}: position must be an int or a tensor [B={batch}], got shape "
+                                  f"{list(position.shape)}")
+            pos = position[:, None]
+        pos = _positions(where, pos, 1, batch, pos.device, self.max_len)[:, 0].expand(batch).contiguous()
+        return DecodePlan(pos, self.cache_ids(pos), self._slot_plan(self.attended_slots(pos)))
+
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
-               past_v: torch.Tensor, position: int | torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+               past_v: torch.Tensor, position: int | torch.Tensor, *, scale: float | None = None,
+               plan: DecodePlan | None = None) -> torch.Tensor:
         """One token per row at `position` (int, or LongTensor [B]; -1: a padding row, output 0,
         nothing written): writes k, v to slot cache_id_func(position) of the caches (in place),
-        then attends the slots mask_func(slot, position). Returns [B, Hq, 1, D]."""
+        then attends the slots mask_func(slot, position). Returns [B, Hq, 1, D]. `plan`: a
+        `decode_plan` for this position (then `position` is not read)."""
         where = "TorchExecutor.decode"
         self._need_cache(where)
         self._check_qkv(where, q, k, v)
@@ -407,25 +459,29 @@ class TorchExecutor:
         if q.shape[2] != 1 or k.shape[2] != 1:
             raise KernelError(f"{where}: decode takes one token: q [B, Hq, 1, D] and k, v [B, Hkv, 1, D], got "
                               f"q length {q.shape[2]} and k length {k.shape[2]}")
-        B = q.shape[0]
-        if isinstance(position, bool) or not isinstance(position, (int, torch.Tensor)):
-            raise KernelError(f"{where}: position must be an int or an integer tensor [B], got {position!r}")
-        if isinstance(position, int):
-            if position < 0:
-                raise KernelError(f"{where}: position must be a non-negative integer, got {position}")
-            pos = torch.full((B, 1), position, dtype=torch.int64, device=q.device)
+        if plan is None:
+            plan = self.decode_plan(position, q.shape[0], q.device)
+        elif plan.positions.shape[0] != q.shape[0]:
+            raise KernelError(f"{where}: the plan is for a batch of {plan.positions.shape[0]}, got {q.shape[0]}")
+        rows = torch.nonzero(plan.slots >= 0)[:, 0]
+        past_k[rows, :, plan.slots[rows]] = k[rows, :, 0].to(past_k.dtype)
+        past_v[rows, :, plan.slots[rows]] = v[rows, :, 0].to(past_v.dtype)
+        return self.attend(q, past_k, past_v, plan.attend, scale)
+
+    def _slot_plan(self, attended: torch.Tensor) -> AttendPlan:
+        """A one-query plan over the cache slots `attended` [B, C]: only the slots some row
+        attends are read when they are few (a causal cache early in a long max_len)."""
+        C = attended.shape[1]
+        on = attended.any(dim=0)
+        n_on = int(on.sum())
+        if n_on == 0:
+            blk = PlanBlock(0, 1, 0, None, None, empty=True)
+        elif n_on <= GATHER_FRACTION * C:
+            cols = torch.nonzero(on)[:, 0]
+            blk = PlanBlock(0, 1, C, cols, attended[:, None, cols])
         else:
-            if position.dim() != 1 or position.shape[0] != B:
-                raise KernelError(f"{where}: position must be an int or a tensor [B={B}], got shape "
-                                  f"{list(position.shape)}")
-            pos = position[:, None]
-        pos = _positions(where, pos, 1, B, q.device, self.max_len)[:, 0].expand(B).contiguous()
-        attended = self.attended_slots(pos)                                   # [B, C]
-        self._write(k, v, past_k, past_v, pos[:, None])
-        B, Hq, _, D = q.shape
-        Hkv = k.shape[1]
-        plan = AttendPlan(1, self.cache_size, B, (PlanBlock(0, 1, self.cache_size, None, attended[:, None, :]),))
-        return self.attend(q, past_k, past_v, plan, scale)
+            blk = PlanBlock(0, 1, C, None, attended[:, None, :])
+        return AttendPlan(1, C, attended.shape[0], blocks=(blk,))
 
     # --- chunked prefill -------------------------------------------------------------------
     def chunk_plan(self, positions: torch.Tensor, batch: int) -> AttendPlan:
@@ -467,4 +523,4 @@ class TorchExecutor:
         return out
 
 
-__all__ = ["TorchExecutor", "AttendPlan", "PlanBlock", "BLOCK_Q"]
+__all__ = ["TorchExecutor", "AttendPlan", "DecodePlan", "PlanBlock", "BLOCK_Q"]
