@@ -126,6 +126,13 @@ def test_causal_generation_equals_transformers(family):
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
 
 
+def test_beam_search_reorders_the_compact_cache(llama):
+    ids = ids_of(7, 2, 7)
+    want = llama.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
+    got = with_sas(llama, Causal(), backend="torch").generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("pattern", [WINDOW, STRIDED], ids=["window", "strided"])
 def test_pattern_logits_equal_the_exact_4d_mask(llama, pattern):
     n, P = 30, 12

@@ -127,17 +127,18 @@ def _register() -> None:
 
 
 # --- generate: create an SASCache by default ----------------------------------------------
-def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwargs: dict, generation_mode: Any,
-                       batch_size: int, max_cache_length: int) -> Any:
+def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwargs: dict, *args: Any,
+                       **kwargs: Any) -> Any:
     """`GenerationMixin._prepare_cache_for_generation` for a model prepared by sas_attention:
     checks the lengths against max_len before anything runs and puts an SASCache in
-    `model_kwargs` unless the caller passed one (or asked for no cache)."""
+    `model_kwargs` unless the caller passed one (or asked for no cache). The remaining
+    arguments go unchanged to transformers' own method in the other cases."""
     state = model_state(self, "generate")
-    longest = max_cache_length
+    longest = int(generation_config.max_length) - 1          # the last new token is never fed back
     mask = model_kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         # padded columns are not tokens of the row: count each row's real tokens
-        longest = int(mask.sum(dim=1).max()) + max(0, max_cache_length - mask.shape[1])
+        longest = int(mask.sum(dim=1).max()) + max(0, longest - mask.shape[1])
     if longest > state.max_len:
         raise IntegrationError(
             f"generate: the prompt plus max_new_tokens runs {longest} tokens through the model, but the sas "
@@ -154,8 +155,7 @@ def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwar
                                    f"the model uses its own compact SASCache (leave cache_implementation unset)")
         model_kwargs["past_key_values"] = SASCache(self)
         return None
-    return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,
-                                                    batch_size, max_cache_length)
+    return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
 
 
 # --- sas_attention ---------------------------------------------------------------------------
