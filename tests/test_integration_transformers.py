@@ -51,6 +51,7 @@ from sas.integrations.transformers import SASCache, sas_attention  # noqa: E402
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None, pad_token_id=0)
 WINDOW = Diag(0, 5)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
 STRIDED = (Diag(0, 3) + Diag(0, None, stride=4)) * Causal()          # every row has keys
 
 
@@ -241,11 +242,12 @@ def test_triton_backend_equals_torch_backend(llama):
     """Padded rows (one prefill and one decode call per row), then a chunk: the chunk runs the
     torch code on the Triton path's own cache."""
     _, ids, mask = padded_batch(30, (7, 4))
-    a, a_logits, _ = greedy(with_sas(llama, WINDOW, backend="triton"), ids, 3, attention_mask=mask)
-    b, b_logits, _ = greedy(with_sas(llama, WINDOW, backend="torch"), ids, 3, attention_mask=mask)
+    ids, mask, model = ids.to(DEV), mask.to(DEV), copy.deepcopy(llama).to(DEV)
+    a, a_logits, _ = greedy(with_sas(model, WINDOW, backend="triton"), ids, 3, attention_mask=mask)
+    b, b_logits, _ = greedy(with_sas(model, WINDOW, backend="torch"), ids, 3, attention_mask=mask)
     assert torch.equal(a, b)
     torch.testing.assert_close(a_logits, b_logits, rtol=1e-5, atol=1e-5)
-    c, c_logits, _ = greedy(with_sas(llama, WINDOW, backend="auto"), ids, 3, attention_mask=mask,
+    c, c_logits, _ = greedy(with_sas(model, WINDOW, backend="triton"), ids, 3, attention_mask=mask,
                             prefill_chunk_size=4)
     assert torch.equal(c, b)
 
@@ -253,8 +255,7 @@ def test_triton_backend_equals_torch_backend(llama):
 # --- Dynamic (H2O) ---------------------------------------------------------------------------
 def test_dynamic_h2o_generation_matches_reference_policy(llama, monkeypatch):
     pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))
-    model = with_sas(llama, {0: pattern})          # layer 1: Causal() on the torch executor ("auto", CPU)
-    assert model.model.layers[1].self_attn.sas_runtime.use_triton(torch.zeros(1)) is False
+    model = with_sas(copy.deepcopy(llama).to(DEV), {0: pattern})   # layer 1: Causal() ("auto")
     seen: list[tuple] = []
     attend = SASCacheLayer._attend_dynamic
 
@@ -265,16 +266,16 @@ def test_dynamic_h2o_generation_matches_reference_policy(llama, monkeypatch):
         return out
 
     monkeypatch.setattr(SASCacheLayer, "_attend_dynamic", spy)
-    ids = ids_of(40, 2, 8)
+    ids = ids_of(40, 2, 8).to(DEV)
     seq, logits, cache = greedy(model, ids, 6)
     assert torch.isfinite(logits).all() and seq.shape == (2, 14)
     assert len(seen) == 6                                              # prefill + 5 decode steps
-    q, k, v = (torch.cat([s[i] for s in seen], dim=2) for i in range(3))
+    q, k, v = (torch.cat([s[i] for s in seen], dim=2).cpu() for i in range(3))
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=8)
     kept = res.kept_sets()
     assert [[[list(t) for t in row] for row in step] for step in kept] == [s[4] for s in seen]
     assert any(len(t) == 3 for row in kept[-1] for t in row)          # the budget is in use
-    out = torch.cat([s[3] for s in seen], dim=2)
+    out = torch.cat([s[3] for s in seen], dim=2).cpu()
     torch.testing.assert_close(out.double(), res.out, rtol=1e-4, atol=1e-4)
     assert 0 < cache.kv_cache_bytes() < cache.dense_kv_cache_bytes(64)
 

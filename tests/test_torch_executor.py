@@ -39,6 +39,7 @@ PATTERNS = {
     "table_scheme": (Rect(size=(3, 2)) >> Diag(0, 3)) * Causal(),
 }
 TOL = 2e-5
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -273,10 +274,10 @@ def agree_with_triton(p, L, P, seed, max_len=32):
     a = analyze(p, max_len=max_len)
     ex = TorchExecutor(p, a)
     ker = SASAttnKernel(p, max_len=max_len, analysis=a, prefill_options=PO, decode_options=DO, num_splits=2)
-    q, k, v = qkv(1, 2, 1, L, 16, seed)
+    q, k, v = (x.to(DEV) for x in qkv(1, 2, 1, L, 16, seed))
     assert err(ex.prefill(q, k, v), ker(q, k, v)) < TOL
-    kc_t, vc_t = ker.new_cache(1, 1, 16, torch.float32)
-    kc_x, vc_x = ex.new_cache(1, 1, 16)
+    kc_t, vc_t = ker.new_cache(1, 1, 16, torch.float32, DEV)
+    kc_x, vc_x = ex.new_cache(1, 1, 16, torch.float32, DEV)
     assert kc_t.shape == kc_x.shape
     ker.fill_cache(k[:, :, :P], v[:, :, :P], kc_t, vc_t)
     ex.fill_cache(k[:, :, :P], v[:, :, :P], kc_x, vc_x)

@@ -236,6 +236,10 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
         by_pattern.setdefault(p, []).append(i)
     runtimes = {p: PatternRuntime.build(p, max_len, backend, layers, device, head_dim)
                 for p, layers in by_pattern.items()}
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():
+        raise IntegrationError(f"sas_attention: {type(model).__name__} does not dispatch its attention through "
+                               f"transformers' AttentionInterface, so its attention cannot be replaced")
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
         warnings.warn(f"sas_attention: the model's own sliding window ({window}) is replaced by the sas patterns; "
