@@ -49,6 +49,8 @@ class PatternRuntime:
     analysis: Analysis | None = None
     executor: TorchExecutor | None = None
     dynamic_plan: DynamicPlan | None = None
+    #: whether "auto" may pick the Triton kernels (they support a few head dims only)
+    triton_head_dim: bool = True
     _kernel: SASAttnKernel | None = field(default=None, repr=False)
 
     @classmethod
@@ -86,7 +88,8 @@ class PatternRuntime:
                     f"sas_attention: backend='triton' needs the model on CUDA (or TRITON_INTERPRET=1 for the "
                     f"CPU interpreter); it is on {device}: use backend='torch' or 'auto'")
             cls._check_triton_head_dim(where, head_dim)
-        return cls(pattern, max_len, backend, layers, analysis=analysis, executor=TorchExecutor(pattern, analysis))
+        return cls(pattern, max_len, backend, layers, analysis=analysis, executor=TorchExecutor(pattern, analysis),
+                   triton_head_dim=head_dim in SUPPORTED_HEAD_DIMS)
 
     @staticmethod
     def _check_triton_head_dim(where: str, head_dim: int) -> None:
@@ -101,7 +104,7 @@ class PatternRuntime:
     def use_triton(self, t: torch.Tensor) -> bool:
         if self.is_dynamic or self.backend == "triton":
             return True
-        return self.backend == "auto" and t.is_cuda
+        return self.backend == "auto" and t.is_cuda and self.triton_head_dim
 
     @property
     def kernel(self) -> SASAttnKernel:
