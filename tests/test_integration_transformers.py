@@ -44,7 +44,7 @@ from transformers.initialization import no_init_weights  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
 from sas.dynamic import dynamic_attention_reference  # noqa: E402
-from sas.errors import IntegrationError, NotYetSupportedError, SASError  # noqa: E402
+from sas.errors import IntegrationError, NotYetSupportedError  # noqa: E402
 from sas.integrations.cache import SASCacheLayer  # noqa: E402
 from sas.integrations.transformers import SASCache, sas_attention  # noqa: E402
 
@@ -303,7 +303,6 @@ def test_bad_input(llama):
     for call, error, message in cases:
         with pytest.raises(error, match=message):
             call()
-        assert issubclass(error, SASError)
     # nothing was changed by the failed calls
     assert model.config._attn_implementation == llama.config._attn_implementation
     assert not hasattr(model.model.layers[0].self_attn, "sas_runtime")
