@@ -34,3 +34,7 @@ class KernelError(SASError):
 
 class NotYetSupportedError(SASError):
     """A feature that is designed but not built yet; the message says which issue owns it."""
+
+
+class IntegrationError(SASError):
+    """A model integration (sas.integrations) was given a model, pattern or call it cannot run."""

