@@ -158,6 +158,7 @@ def draw(pattern: Any, window: int, analysis: Any = None, state: np.ndarray | No
          slots: np.ndarray | None = None, trace_source: str = "", reason: str = ""):
     """The matplotlib Figure (Agg canvas; no pyplot state). Without an analysis (a pattern
     that cannot be decoded) panel (b) says why instead of drawing a trace."""
+    # Deferred: matplotlib is heavy and only drawing needs it.
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

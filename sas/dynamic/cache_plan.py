@@ -25,11 +25,16 @@ from typing import Any
 
 import numpy as np
 
+from sas.analysis.analyze import analyze
 from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.plan import FOREVER, NEVER, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
-from sas.errors import AnalysisError, NotYetSupportedError, PatternError
+from sas.errors import AnalysisError, EmptyPatternError, NotYetSupportedError, PatternError
 from sas.lang.pattern import Pattern
+from sas.limits import check_host_bytes
+
+#: host bytes per position of the region schedule and its temporaries (int64 / int32 arrays)
+SCHEDULE_BYTES_PER_TOKEN = 160
 
 _ELEMENTWISE = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}
 
@@ -141,14 +146,12 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
     """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
         raise PatternError(f"max_len must be a positive integer, got {max_len!r}")
+    check_host_bytes(f"the region schedule of a dynamic pattern at max_len={max_len} (per-token tables)",
+                     SCHEDULE_BYTES_PER_TOKEN * max_len, "use a smaller max_len")
     plan = pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)
-    from sas.analysis.analyze import analyze
-
     try:
         static = analyze(plan.static, max_len=max_len)
-    except AnalysisError as e:
-        if "empty" not in str(e):
-            raise
+    except EmptyPatternError:
         static = None
     n = max_len
     first, last = _first_and_last(plan, n)
