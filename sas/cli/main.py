@@ -11,12 +11,17 @@ import json
 import re
 import sys
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+import numpy as np
 
-from sas.errors import SASError
+from sas.analysis.analyze import analyze
+from sas.errors import AnalysisError, EmptyPatternError, SASError
+from sas.lang.pattern import Not
+from sas.lang.primitives import Rect
 
 DEFAULT_MAX_LEN = 16384
 DEFAULT_WINDOW = 64
@@ -98,8 +103,6 @@ def load(path: str) -> Any:
 
 
 def _analyze(pattern: Any, max_len: int) -> Any:
-    from sas import analyze
-
     return analyze(pattern, max_len=max_len)
 
 
@@ -276,39 +279,39 @@ def _analyze_static(static: Any, max_len: int) -> Any:
     """`sas.analyze(static)`, or None when the static part is empty (0 static slots).
 
     `plan_dynamic` folds an empty static part (`Causal() * Dynamic(...)`) into `~Rect()`;
-    `analyze` refuses a pattern that attends no key ('... it is empty'), which is caught here
+    `analyze` refuses a pattern that attends no key (`EmptyPatternError`), which is caught here
     and only here: every other analysis error is the user's.
     """
-    from sas.errors import AnalysisError
-    from sas.lang.pattern import Not
-    from sas.lang.primitives import Rect
-
     if static == Not(Rect()):
         return None
     try:
         return _analyze(static, max_len)
-    except AnalysisError as e:
-        if "attends no key" in str(e):
-            return None
-        raise
+    except EmptyPatternError:
+        return None
 
 
-def inspect_dynamic(pattern: Any, max_len: int) -> DynamicInspection:
-    """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic."""
-    from sas.dynamic import analyze_fusion, plan_dynamic
+def _make_plan(pattern: Any, max_len: int) -> Any:
+    """`sas.plan.make_plan(pattern, max_len)`."""
+    # Deferred: sas.plan imports torch (sas.dynamic traces score chains with torch.fx), which
+    # `sas --help`, `sas plot` and the CLI's argument errors do not need.
+    from sas.plan import make_plan
 
-    from sas.dynamic.cache_plan import dynamic_cache_plan
-    from sas.errors import NotYetSupportedError
+    return make_plan(pattern, max_len)
 
-    plan = plan_dynamic(pattern, max_len=max_len)
+
+def inspect_dynamic(pattern: Any, max_len: int, plan: Any = None) -> DynamicInspection:
+    """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic
+    (from its `sas.plan.Plan`, made here unless given)."""
+    # Deferred with sas.plan (torch); see _make_plan.
+    from sas.dynamic.fusion import analyze_fusion
+
+    plan = plan if plan is not None else _make_plan(pattern, max_len)
     bound = _analyze(pattern, max_len)
-    try:
-        runtime, why = dynamic_cache_plan(plan, max_len), None
-    except NotYetSupportedError as e:
-        runtime, why = None, str(e)
+    runtime, why = plan.dynamic, (str(plan.dynamic_error) if plan.dynamic_error is not None else None)
     # the run-time layout analyses the static part already; analyse it here only without one
-    static = runtime.static_analysis if runtime is not None else _analyze_static(plan.static, max_len)
-    return DynamicInspection(pattern, max_len, plan, static, bound, analyze_fusion(plan.score), runtime, why)
+    static = runtime.static_analysis if runtime is not None else _analyze_static(plan.split.static, max_len)
+    return DynamicInspection(pattern, max_len, plan.split, static, bound, analyze_fusion(plan.split.score), runtime,
+                             why)
 
 
 def format_dynamic_inspect(d: DynamicInspection) -> str:
@@ -373,8 +376,6 @@ def format_dynamic_inspect(d: DynamicInspection) -> str:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("sas")
     except Exception:   # running from a source tree that is not installed
         return "unknown"
@@ -418,23 +419,20 @@ def inspect(pattern: str, max_len: int, as_json: bool) -> None:
     graph and its fusion plan, then the static part's analysis.
     """
     p = load(pattern)
-    if _has_dynamic(p):
-        d = inspect_dynamic(p, max_len)
+    plan = _make_plan(p, max_len)
+    if plan.is_dynamic:
+        d = inspect_dynamic(p, max_len, plan)
         if as_json:
             click.echo(json.dumps(d.report(), indent=2))
         else:
             click.echo(format_dynamic_inspect(d), nl=False)
         return
-    analysis = _analyze(p, max_len)
+    plan.require_decode("sas inspect")
+    analysis = plan.analysis
     if as_json:
         click.echo(json.dumps({**analysis.report(), "dynamic": False}, indent=2))
     else:
         click.echo(format_inspect(analysis), nl=False)
-
-
-def _has_dynamic(pattern: Any) -> bool:
-    dynamics = getattr(pattern, "dynamics", None)
-    return bool(dynamics()) if callable(dynamics) else False
 
 
 @cli.command(short_help="Draw the mask with its groups and the KV-cache trace as a PNG.")
@@ -453,8 +451,8 @@ def plot(pattern: str, output: str, max_len: int, window: int) -> None:
     drawn), colored active (attended), inactive (cached but masked) or empty (paper
     Figure 11). A non-causal pattern has no decode cache: only its mask is drawn.
     """
+    # Deferred: matplotlib (sas.cli.plotting) is heavy and only `sas plot` needs it.
     from sas.cli.plotting import plot_analysis, plot_mask_only
-    from sas.errors import AnalysisError
 
     window = _positive_int("--window", window, MAX_WINDOW)
     if output.endswith(("/", "\\")) or Path(output).is_dir():
@@ -482,13 +480,12 @@ def plot(pattern: str, output: str, max_len: int, window: int) -> None:
 
 def _upper_triangle(pattern: Any, w: int) -> bool:
     """Does the pattern attend a later key within the first w x w?"""
-    import numpy as np
-
     return bool(np.triu(pattern.to_mask(w), 1).any())
 
 
 def _backends() -> tuple[str, ...]:
     try:
+        # Deferred: sas.codegen.compile imports torch (see _make_plan).
         from sas.codegen.compile import BACKENDS
     except Exception:
         return FALLBACK_BACKENDS
@@ -508,16 +505,19 @@ def _backends() -> tuple[str, ...]:
 def compile_(pattern: str, backend: str, output: str, max_len: int, head_dim: int, dtype: str) -> None:
     """Generate kernels for PATTERN into the folder given by -o.
 
-    Writes prefill.py, decode.py (causal patterns), report.json and report.md; for a pattern
-    with a Dynamic component prefill.py, static_decode.py, dynamic_decode.py (kernels and a
-    `Runtime` for prefill + decode) and dynamic_tables.pt instead of decode.py. The folder is
-    written whole or not at all.
+    The folder is a Python package that runs with only torch and triton: __init__.py (the
+    entry: prefill, and new_cache / fill_cache / decode), prefill.py, decode.py (causal
+    patterns), plan.pt (the tile schedule for max_len and any tables), standalone.py (its
+    host code), report.json and report.md (with usage); for a pattern with a Dynamic
+    component static_decode.py, dynamic_decode.py and dynamic_host.py instead of decode.py.
+    The folder is written whole or not at all.
     """
     valid = _backends()
     if backend not in valid:
         raise CLIError(f"unknown backend {backend!r}; valid backends: {', '.join(valid)}")
     p = load(pattern)
     try:
+        # Deferred: sas.codegen.compile imports torch (see _make_plan).
         from sas.codegen.compile import compile_pattern
     except ImportError as e:
         raise CLIError(f"the {backend} backend cannot be loaded (sas.codegen.compile: {e}); "
