@@ -28,6 +28,10 @@ class AnalysisError(SASError):
     """The analyzer was asked something the pattern or the arguments do not allow."""
 
 
+class EmptyPatternError(AnalysisError):
+    """The pattern attends no key within the length analysed: there is nothing to cache."""
+
+
 class KernelError(SASError):
     """A kernel was called with tensors or options it cannot accept."""
 

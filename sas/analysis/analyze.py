@@ -14,7 +14,7 @@ from sas.analysis.functions import compile_functions, synthesize
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.slots import Scheme, TableScheme, cache_ids, choose_scheme, greedy_table
-from sas.errors import AnalysisError
+from sas.errors import AnalysisError, EmptyPatternError
 from sas.ir.periodicity import Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
 
@@ -159,7 +159,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             f"{len(dyn)} Dynamic component(s) analysed as the region they cover; their run-time key "
             f"selection (budget {', '.join(str(d.budget) for d in dyn)}) is handled by sas.dynamic")
     if size <= 0:
-        raise AnalysisError(f"analyze: pattern {user_pattern!r} attends no key within max_len={n}: it is empty")
+        raise EmptyPatternError(f"analyze: pattern {user_pattern!r} attends no key within max_len={n}: it is empty")
     groups = decompose(pattern, cols, n) if cols is not None else ()
     # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
     mod, tables = synthesize(user_pattern, scheme, n)

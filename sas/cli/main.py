@@ -22,15 +22,16 @@ from typing import Any, Iterator, NoReturn
 import click
 import numpy as np
 
-from sas.analysis import analyze
+from sas.analysis.analyze import analyze
 from sas.cli.empty_rows import EmptyRows, empty_rows
-from sas.errors import AnalysisError, SASError
+from sas.errors import AnalysisError, EmptyPatternError, SASError
 from sas.lang.loader import load_pattern
 from sas.lang.pattern import Not
 from sas.lang.primitives import Rect
 
 # Imported where used, so that `sas inspect` of a static pattern never loads torch:
-# sas.dynamic (torch.fx), sas.cli.plotting (matplotlib), sas.codegen.compile (the kernel extras).
+# sas.plan / sas.dynamic (torch.fx), sas.cli.plotting (matplotlib), sas.codegen.compile (the
+# kernel extras).
 
 DEFAULT_MAX_LEN = 16384
 DEFAULT_WINDOW = 64
@@ -342,35 +343,39 @@ def _analyze_static(static: Any, max_len: int) -> Any:
     """`sas.analyze(static)`, or None when the static part is empty (0 static slots).
 
     `plan_dynamic` folds an empty static part (`Causal() * Dynamic(...)`) into `~Rect()`;
-    `analyze` refuses a pattern that attends no key ('... it is empty'), which is caught here
+    `analyze` refuses a pattern that attends no key (`EmptyPatternError`), which is caught here
     and only here: every other analysis error is the user's.
     """
     if static == Not(Rect()):
         return None
     try:
         return _analyze(static, max_len)
-    except AnalysisError as e:
-        if "attends no key" in str(e):
-            return None
-        raise
+    except EmptyPatternError:
+        return None
 
 
-def inspect_dynamic(pattern: Any, max_len: int) -> DynamicInspection:
-    """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic."""
-    from sas.dynamic import analyze_fusion, plan_dynamic   # torch: only for Dynamic patterns
-    from sas.dynamic.cache_plan import dynamic_cache_plan
+def _make_plan(pattern: Any, max_len: int) -> Any:
+    """`sas.plan.make_plan(pattern, max_len)`."""
+    # Deferred: sas.plan imports torch (sas.dynamic traces score chains with torch.fx), which
+    # `sas --help`, `sas plot` and the CLI's argument errors do not need.
+    from sas.plan import make_plan
 
-    plan = plan_dynamic(pattern, max_len=max_len)
+    return make_plan(pattern, max_len)
+
+
+def inspect_dynamic(pattern: Any, max_len: int, plan: Any = None) -> DynamicInspection:
+    """Split, static analysis, region bound and fusion plan of a pattern with a Dynamic
+    (from its `sas.plan.Plan`, made here unless given)."""
+    # Deferred with sas.plan (torch); see _make_plan.
+    from sas.dynamic.fusion import analyze_fusion
+
+    plan = plan if plan is not None else _make_plan(pattern, max_len)
     bound = _analyze(pattern, max_len)
-    try:
-        runtime, why = dynamic_cache_plan(plan, max_len), None
-    except SASError as e:   # the kernels cannot run it (not yet, or not at this size): say why
-        runtime, why = None, str(e)
-    except MemoryError:
-        runtime, why = None, f"its run-time tables for max_len={max_len} do not fit in memory"
+    runtime, why = plan.dynamic, (str(plan.dynamic_error) if plan.dynamic_error is not None else None)
     # the run-time layout analyses the static part already; analyse it here only without one
-    static = runtime.static_analysis if runtime is not None else _analyze_static(plan.static, max_len)
-    return DynamicInspection(pattern, max_len, plan, static, bound, analyze_fusion(plan.score), runtime, why)
+    static = runtime.static_analysis if runtime is not None else _analyze_static(plan.split.static, max_len)
+    return DynamicInspection(pattern, max_len, plan.split, static, bound, analyze_fusion(plan.split.score), runtime,
+                             why)
 
 
 def format_dynamic_inspect(d: DynamicInspection) -> str:
@@ -582,10 +587,12 @@ def compile_(pattern: str, backend: str, output: str, force: bool, max_len: int,
              dtype: str) -> None:
     """Generate kernels for PATTERN into the folder given by -o.
 
-    Writes prefill.py, decode.py (causal patterns), report.json and report.md; for a pattern
-    with a Dynamic component prefill.py, static_decode.py, dynamic_decode.py (kernels and a
-    `Runtime` for prefill + decode) and dynamic_tables.pt instead of decode.py. The folder is
-    written whole or not at all: into a temporary folder beside it, renamed into place.
+    The folder is a Python package that runs with only torch and triton: __init__.py (the
+    entry: prefill, and new_cache / fill_cache / decode), prefill.py, decode.py (causal
+    patterns), plan.pt (the tile schedule for max_len and any tables), standalone.py (its
+    host code), report.json and report.md (with usage); for a pattern with a Dynamic
+    component static_decode.py, dynamic_decode.py and dynamic_host.py instead of decode.py.
+    The folder is written whole or not at all.
 
     An existing DIR is replaced only when it is empty or holds sas compile's own output (its
     report.json); any other folder needs --force. A symlink is kept and the folder it points

@@ -8,6 +8,8 @@ __all__ = ["check_identifier", "lower_expr", "lower_function", "lower_predicate"
 
 def __getattr__(name: str):
     if name == "compile_pattern":
+        # Lazy: sas.codegen.compile imports sas.plan, which imports sas.codegen.triton_backend
+        # (and so this package): importing compile here eagerly would be a cycle.
         from sas.codegen.compile import compile_pattern
 
         return compile_pattern

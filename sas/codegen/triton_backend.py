@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+import numpy as np
+
 from sas.codegen.lower_triton import (
     LoweredFunction,
     check_identifier,
@@ -37,9 +39,10 @@ from sas.resources import data_folder
 
 if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
     from importlib.resources.abc import Traversable
+from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "3"
+TEMPLATE_VERSION = "4"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -93,6 +96,31 @@ class DecodeOptions:
         _check_launch(self.num_warps, self.num_stages, "DecodeOptions")
 
 
+#: query blocks beyond which `auto_prefill_options` counts tiles on a sample of them: 16
+#: evenly spaced windows of 16 consecutive query blocks (windows, not single blocks, so that a
+#: periodic pattern is not sampled at one phase of its period)
+SAMPLED_BLOCKS = 256
+_WINDOW = 16
+
+
+def _tiles_per_block(pattern, q_len: int, k_len: int, block_m: int, block_n: int) -> float:
+    """Mean non-empty tiles per query block: exact up to `SAMPLED_BLOCKS` query blocks, else on
+    that many (each window classified alone, so memory and time stay small)."""
+    nqb = -(-q_len // block_m)
+    if nqb <= SAMPLED_BLOCKS:
+        r = tile_runs(pattern, q_len, k_len, block_m, block_n)
+        return (r.num_full + r.num_partial) / nqb
+    base = k_len - q_len
+    starts = np.unique(np.linspace(0, nqb - _WINDOW, SAMPLED_BLOCKS // _WINDOW).astype(np.int64))
+    total = blocks = 0
+    for m in starts:
+        rows = min(_WINDOW * block_m, q_len - int(m) * block_m)
+        r = tile_runs(pattern, rows, k_len, block_m, block_n, base + int(m) * block_m)
+        total += r.num_full + r.num_partial
+        blocks += r.num_q_blocks
+    return total / blocks
+
+
 def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> PrefillOptions:
     """The prefill configuration for this pattern and length (a decision fitted to H100
     measurements of the six Table-1 patterns at 16K, bf16, head dim 128):
@@ -101,16 +129,13 @@ def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> Prefi
     cells (narrow column structure, e.g. 32 summary columns per block) or when query blocks
     have few tiles (< 8 on average: short loops run better with the lighter tile); 128 x 128
     tiles with 8 warps for near-dense rows (>= 64 tiles of 64 x 64 per query block on average:
-    fully causal at 8K and more ran 7-10% faster so on H100 and H200, 2026-11-23).
+    fully causal at 8K and more ran 7-10% faster so on H100 and H200, 2026-11-23). Tile counts
+    are exact up to 256 query blocks and estimated on 16 evenly spaced windows of 16 beyond.
     """
-    from sas.ir.tiles import tile_map
-
     k_len = q_len if k_len is None else k_len
-    wide = tile_map(pattern, q_len, k_len, 64, 64)
-    narrow = tile_map(pattern, q_len, k_len, 64, 32)
-    cells_wide = (wide.num_full + wide.num_partial) * 64 * 64
-    cells_narrow = (narrow.num_full + narrow.num_partial) * 64 * 32
-    per_block = (wide.num_full + wide.num_partial) / max(1, wide.num_q_blocks)
+    per_block = _tiles_per_block(pattern, q_len, k_len, 64, 64)
+    cells_wide = per_block * 64 * 64
+    cells_narrow = _tiles_per_block(pattern, q_len, k_len, 64, 32) * 64 * 32
     if cells_narrow < 0.9 * cells_wide or per_block < 8:
         return PrefillOptions(64, 32, 4, 3)
     if per_block >= 64:
@@ -285,25 +310,21 @@ def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
     return DecodeOptions()
 
 
+#: cache slots `attended_fraction` tests per position at most (evenly spaced)
+SAMPLED_SLOTS = 4096
+
+
 def attended_fraction(analysis, positions: int = 8) -> float:
     """Mean fraction of cache slots a query attends, over a few positions in the last quarter
-    of max_len (from the slot -> key map that cache_id_func implies and the pattern itself)."""
-    import numpy as np
-
+    of max_len (`mask_func` on at most `SAMPLED_SLOTS` evenly spaced slots per position: no
+    table over max_len)."""
     n, C = int(analysis.max_len), int(analysis.cache_size)
     if C <= 0:
         return 0.0
-    cid = np.fromiter((analysis.cache_id_func(j) for j in range(n)), dtype=np.int64, count=n)
-    j = np.nonzero(cid >= 0)[0]
-    codes = np.sort(cid[j] * n + j)
-    slots = np.arange(C, dtype=np.int64)
+    slots = np.unique(np.linspace(0, C - 1, min(C, SAMPLED_SLOTS)).astype(np.int64))
     fr = []
     for p in np.unique(np.linspace(max(0, n - 1 - n // 4), n - 1, positions).astype(np.int64)):
-        idx = np.searchsorted(codes, slots * n + p, side="right") - 1
-        got = codes[np.maximum(idx, 0)]
-        held = np.where((idx >= 0) & (got // n == slots), got % n, -1)
-        on = (held >= 0) & np.asarray(analysis.pattern.evaluate(np.full(C, p), np.maximum(held, 0)), dtype=bool)
-        fr.append(on.mean())
+        fr.append(np.mean([bool(analysis.mask_func(int(s), int(p))) for s in slots]))
     return float(np.mean(fr))
 
 

@@ -26,11 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from sas.analysis.analyze import analyze
 from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.plan import FOREVER, SCHEDULE_LIMIT, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
-from sas.errors import AnalysisError, NotYetSupportedError, PatternError
+from sas.errors import AnalysisError, EmptyPatternError, NotYetSupportedError, PatternError
 from sas.lang.pattern import MAX_INDEX, Pattern
+from sas.limits import check_host_bytes
+
+#: host bytes per position of the region schedule and its temporaries (int64 / int32 arrays)
+SCHEDULE_BYTES_PER_TOKEN = 160
 
 _ELEMENTWISE = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}
 
@@ -138,15 +143,13 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
         raise PatternError(f"max_len={max_len} is too long for the dynamic runtime: its per-token region "
                            f"schedule is limited to max_len <= {SCHEDULE_LIMIT} ({SCHEDULE_LIMIT * 8 // 2**20} MiB "
                            f"per table)")
+    check_host_bytes(f"the region schedule of a dynamic pattern at max_len={max_len} (per-token tables)",
+                     SCHEDULE_BYTES_PER_TOKEN * max_len, "use a smaller max_len")
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
-    from sas.analysis.analyze import analyze
-
     try:
         static = analyze(plan.static, max_len=max_len)
-    except AnalysisError as e:
-        if "empty" not in str(e):
-            raise
+    except EmptyPatternError:
         static = None
     n = max_len
     first, last = plan.candidate_span(n)

@@ -24,10 +24,12 @@ import numpy as np
 
 from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
 from sas.errors import NotYetSupportedError, PatternError
+from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.trace import ScoreGraph, trace_score
 from sas.ir.periodicity import structure
 from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Dynamic, Rect
+from sas.limits import check_host_bytes
 
 #: Longest max_len for which per-token schedules (candidate spans, the run-time region tables)
 #: are built: 16M tokens, 128 MiB per int64 table.
@@ -166,8 +168,6 @@ class DynamicPlan:
 
     def summary(self) -> str:
         """Human-readable description for `sas inspect`: the split, the policy, the score kernels."""
-        from sas.dynamic.fusion import analyze_fusion
-
         cap = (f"at most {self.capacity} candidate keys at once" if self.capacity is not None
                else "its candidates grow with the sequence length")
         policy = (f"refresh=True: every candidate stays cached; each decode query loads the {self.budget} "
@@ -280,6 +280,8 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
         if max_len is None:
             raise NotYetSupportedError(f"{pattern!r}: the dynamic region has no periodic description; pass "
                                        f"max_len to analyse it up to a sequence length")
+        check_host_bytes(f"the per-token analysis of the dynamic region of {pattern!r} (no periodic "
+                         f"description) at max_len={max_len}", 3 * max_len * max_len, "use a smaller max_len")
         m_full = full.to_mask(max_len)
         if np.triu(m_full, 1).any():
             i, j = np.argwhere(np.triu(m_full, 1))[0]

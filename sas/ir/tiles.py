@@ -20,7 +20,7 @@ import numpy as np
 
 from sas.errors import PatternError
 from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
-from sas.lang.primitives import Diag, Dynamic, Rect
+from sas.lang.primitives import Causal, Diag, Dynamic, Rect
 
 EMPTY, FULL, PARTIAL, UNKNOWN = 0, 1, 2, 3
 #: Most tiles one map classifies (int64 index arrays of this many entries are built).
@@ -241,12 +241,45 @@ def _check_pos_int(name: str, v) -> int:
     return int(v)
 
 
-def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: int = 128,
-                   block_n: int = 64, q_offset: int | None = None, *, refine: bool = True,
-                   max_cells: int = 1 << 22) -> np.ndarray:
-    """Dense [num_q_blocks, num_k_blocks] int8 array of EMPTY / FULL / PARTIAL classes."""
-    if not isinstance(pattern, Pattern):
-        raise PatternError(f"tile_map: pattern must be a sas Pattern, got {type(pattern).__name__}")
+def classify_boxes(pattern: Pattern, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray, c1: np.ndarray, *,
+                   refine: bool = True, max_cells: int = 1 << 22) -> np.ndarray:
+    """Classes (EMPTY / FULL / PARTIAL, int8) of cell boxes `[r0, r1] x [c0, c1]` (inclusive
+    bounds, int64 arrays of one shape, every box non-empty). With `refine` the interval pass's
+    UNKNOWN boxes are settled exactly by evaluating their cells (`max_cells` at a time);
+    without it they are called PARTIAL."""
+    r0, r1, c0, c1 = (np.asarray(x, dtype=np.int64) for x in (r0, r1, c0, c1))
+    cls = _classify(pattern, r0, r1, c0, c1)
+    cls = np.array(np.broadcast_to(cls, r0.shape), dtype=np.int8)
+    if not refine:
+        return np.where(cls == UNKNOWN, PARTIAL, cls).astype(np.int8)
+    unk = np.flatnonzero(cls == UNKNOWN)
+    if not unk.size:
+        return cls
+    flat = cls.reshape(-1)
+    fr0, fr1, fc0, fc1 = (x.reshape(-1)[unk] for x in (r0, r1, c0, c1))
+    h, w = int((fr1 - fr0).max()) + 1, int((fc1 - fc0).max()) + 1
+    per = max(1, max_cells // (h * w))
+    ar = np.arange(h, dtype=np.int64)
+    ac = np.arange(w, dtype=np.int64)
+    for s in range(0, len(unk), per):
+        rows = fr0[s:s + per, None] + ar[None, :]                           # [T, h]
+        cols = fc0[s:s + per, None] + ac[None, :]                           # [T, w]
+        rv = rows <= fr1[s:s + per, None]
+        cv = cols <= fc1[s:s + per, None]
+        # Clamp out-of-box indices to an in-box one (ignored below).
+        rows = np.minimum(rows, fr1[s:s + per, None])
+        cols = np.minimum(cols, fc1[s:s + per, None])
+        on = np.asarray(pattern.evaluate(rows[:, :, None], cols[:, None, :]), dtype=bool)
+        valid = rv[:, :, None] & cv[:, None, :]
+        anyon = np.any(on & valid, axis=(1, 2))
+        allon = np.all(on | ~valid, axis=(1, 2))
+        flat[unk[s:s + per]] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
+    return cls
+
+
+def check_tile_args(q_len, k_len, block_m, block_n, q_offset) -> tuple[int, int, int, int, int]:
+    """Validated (q_len, k_len, block_m, block_n, q_offset); k_len None: q_len; q_offset None:
+    k_len - q_len."""
     q_len = _check_pos_int("q_len", q_len)
     k_len = q_len if k_len is None else _check_pos_int("k_len", k_len)
     block_m = _check_pos_int("block_m", block_m)
@@ -258,6 +291,16 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
     if q_offset + q_len > MAX_INDEX:
         raise PatternError(f"tile_map: q_offset + q_len must be at most 2**61 (the largest index sas "
                            f"handles), got {q_offset} + {q_len}")
+    return q_len, k_len, block_m, block_n, int(q_offset)
+
+
+def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: int = 128,
+                   block_n: int = 64, q_offset: int | None = None, *, refine: bool = True,
+                   max_cells: int = 1 << 22) -> np.ndarray:
+    """Dense [num_q_blocks, num_k_blocks] int8 array of EMPTY / FULL / PARTIAL classes."""
+    if not isinstance(pattern, Pattern):
+        raise PatternError(f"tile_map: pattern must be a sas Pattern, got {type(pattern).__name__}")
+    q_len, k_len, block_m, block_n, q_offset = check_tile_args(q_len, k_len, block_m, block_n, q_offset)
     # Only indices below the last query / key matter: the same pattern with small numbers.
     pattern = pattern.restrict(max(q_offset + q_len, k_len))
     nqb, nkb = -(-q_len // block_m), -(-k_len // block_n)
@@ -271,30 +314,7 @@ def classify_tiles(pattern: Pattern, q_len: int, k_len: int | None = None, block
     r1 = np.broadcast_to(q_offset + np.minimum((m + 1) * block_m, q_len) - 1, (nqb, nkb))
     c0 = np.broadcast_to(n * block_n, (nqb, nkb))
     c1 = np.broadcast_to(np.minimum((n + 1) * block_n, k_len) - 1, (nqb, nkb))
-    cls = _classify(pattern, r0, r1, c0, c1)
-    if refine:
-        unk = np.argwhere(cls == UNKNOWN)
-        if len(unk):
-            cls = cls.copy()
-            per = max(1, max_cells // (block_m * block_n))
-            ar = np.arange(block_m, dtype=np.int64)
-            ac = np.arange(block_n, dtype=np.int64)
-            for s in range(0, len(unk), per):
-                mb, nb = unk[s:s + per, 0], unk[s:s + per, 1]
-                rows = q_offset + mb[:, None] * block_m + ar[None, :]          # [T, BM]
-                cols = nb[:, None] * block_n + ac[None, :]                     # [T, BN]
-                rv = rows < q_offset + q_len
-                cv = cols < k_len
-                # Clamp out-of-bounds indices to a valid in-bounds one (ignored below).
-                rows = np.minimum(rows, q_offset + q_len - 1)
-                cols = np.minimum(cols, k_len - 1)
-                on = np.asarray(pattern.evaluate(rows[:, :, None], cols[:, None, :]), dtype=bool)
-                valid = rv[:, :, None] & cv[:, None, :]
-                anyon = np.any(on & valid, axis=(1, 2))
-                allon = np.all(on | ~valid, axis=(1, 2))
-                cls[mb, nb] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
-    else:
-        cls = np.where(cls == UNKNOWN, PARTIAL, cls).astype(np.int8)
+    cls = classify_boxes(pattern, r0, r1, c0, c1, refine=refine, max_cells=max_cells)
     if k_len % block_n:
         last = cls[:, nkb - 1]
         cls[:, nkb - 1] = np.where(last == FULL, PARTIAL, last)
@@ -326,7 +346,5 @@ def tile_map(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: in
 
 def is_causal(pattern: Pattern, n: int) -> bool:
     """Exact check that no query i < n attends a key j > i (tile classes, refined exactly)."""
-    from sas.lang.primitives import Causal
-
     upper = classify_tiles(pattern * Not(Causal()), n, n, block_m=256, block_n=256, q_offset=0)
     return bool((upper == EMPTY).all())

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sas.errors import PatternError
+from sas.lang.sym import check_input_name
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 SAMPLE_METHODS = ("multinomial", "stratified", "systematic")
@@ -134,8 +135,6 @@ def external(name: str) -> OpChain:
     `other_inputs[name]` holds the full-sequence tensor `[B, Hq, N, N]` (row = query position);
     each step reads its rows `[i0, i1)` and key columns `[0, i1)`, like `attn_score()`.
     """
-    from sas.lang.sym import check_input_name
-
     check_input_name(name, "ops.external")
     return OpChain((OpNode("external", (("name", name),)),))
 
@@ -147,8 +146,6 @@ def partition(centroids: str, classifier: str, probes: int) -> OpChain:
     `centroids` and `classifier` name tensors of `other_inputs`. Designed, not executable yet
     (tracing raises NotYetSupportedError); see docs/dynamic.md.
     """
-    from sas.lang.sym import check_input_name
-
     check_input_name(centroids, "ops.partition(centroids=...)")
     check_input_name(classifier, "ops.partition(classifier=...)")
     if not isinstance(probes, int) or isinstance(probes, bool) or probes < 1:

@@ -158,6 +158,7 @@ class Pattern:
             stack.extend(reversed(p.children()))
 
     def dynamics(self) -> list["Pattern"]:
+        # Local: sas.lang.primitives imports this module (its nodes subclass Pattern).
         from sas.lang.primitives import Dynamic
 
         return [p for p in self.walk() if isinstance(p, Dynamic)]

@@ -277,8 +277,6 @@ class Dynamic(Pattern):
     refresh: bool = False
 
     def __post_init__(self):
-        from sas.lang.ops import OpChain, default_score
-
         object.__setattr__(self, "budget", _check_int("Dynamic(budget=...)", self.budget, minimum=1))
         if self.score is None:
             object.__setattr__(self, "score", default_score())

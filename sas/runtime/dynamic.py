@@ -12,11 +12,12 @@
   of the keys entering at the next query). With `refresh=True` the `budget` best held keys are
   marked loaded for the next query (torch, sort-based).
 
-The fused path's orchestration lives in the generated module (`Runtime` in
-templates/triton/dynamic_decode.py.jinja), so that `sas compile` output runs without sas.
-Chains the kernels cannot compute (custom ops, external scores, pooling, top-k, a reduction over
-KV heads) run as their traced torch.fx graph on the probabilities in key order, from the same
-memoized statistics; only the accumulation then happens outside the update kernel.
+The orchestration (`Runtime`, `State` and the kernel launches) is `sas.runtime.dynamic_host`,
+which imports only torch, so that `sas compile` copies it beside the generated kernels and the
+output runs without sas. Chains the kernels cannot compute (custom ops, external scores,
+pooling, top-k, a reduction over KV heads) run as their traced torch.fx graph on the
+probabilities in key order, from the same memoized statistics; only the accumulation then
+happens outside the update kernel.
 """
 
 from __future__ import annotations
@@ -25,46 +26,49 @@ from typing import Any, Mapping
 
 import torch
 
-from sas.codegen.triton_backend import (
-    auto_prefill_options,
-    decode_module,
-    dynamic_decode_module,
-    prefill_module,
-)
-from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
+from sas.codegen.triton_backend import decode_module, dynamic_decode_module, prefill_module
 from sas.errors import KernelError
-from sas.lang.pattern import Pattern
-from sas.runtime.tiles import tile_tensors
+from sas.plan import Plan
+from sas.runtime import dynamic_host
+from sas.runtime.static import check_triton_tensor
+from sas.runtime.tiles import runs_tensors
 
-LOG2E = 1.4426950408889634
+LOG2E = dynamic_host.LOG2E
 
 
 class DynamicRuntime:
-    """Kernels and state for one dynamic pattern; `SASAttnKernel` delegates to it. The
-    orchestration of the fused path is the generated module's `Runtime` (what `sas compile`
-    writes); this class adds the prefill tile lists from the IR and the torch path of
-    chains the kernels cannot compute."""
+    """Kernels and state for one dynamic pattern's plan; `SASAttnKernel` delegates to it. The
+    orchestration of the fused path is `dynamic_host.Runtime` (what `sas compile` copies); this
+    class adds the prefill tile lists from the plan and the torch path of chains the kernels
+    cannot compute."""
 
-    def __init__(self, pattern: Pattern, max_len: int, other_inputs: Mapping[str, Any], cache_dir=None):
-        self.cplan: DynamicCachePlan = dynamic_cache_plan(pattern, max_len)
-        self.plan = self.cplan.plan
-        self.max_len = max_len
+    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any], cache_dir=None):
+        plan.require_decode("SASAttnKernel")
+        self.plan = plan
+        #: the split (static part, region, traced score) and the run-time cache layout
+        self.split = plan.split
+        self.cplan = plan.dynamic
+        self.max_len = plan.max_len
         self.other_inputs = dict(other_inputs)
         self._cache_dir = cache_dir
-        self.mod = dynamic_decode_module(self.cplan, cache_dir)
-        sa = self.cplan.static_analysis
-        self.static_mod = decode_module(sa, directory=cache_dir) if sa is not None else None
-        self.rt = self.mod.Runtime(self.static_mod, {name: torch.from_numpy(a) for name, a in
-                                                     self.cplan.table_arrays().items()})
-        self._prefill_mods: dict = {}
-        for name in self.plan.score.weights:
+        for name in self.split.score.weights:
             if name not in self.other_inputs:
                 raise KernelError(f"SASAttnKernel: the score chain's custom weight {name!r} is missing from "
                                   f"other_inputs; given: {sorted(self.other_inputs)}")
-        for name in self.plan.score.externals:
+        for name in self.split.score.externals:
             if name not in self.other_inputs:
                 raise KernelError(f"SASAttnKernel: the score chain's external score {name!r} (ops.external) "
                                   f"is missing from other_inputs; given: {sorted(self.other_inputs)}")
+        self.mod = dynamic_decode_module(self.cplan, cache_dir)
+        sa = self.cplan.static_analysis
+        self.static_mod = decode_module(sa, directory=cache_dir) if sa is not None else None
+        self.rt = dynamic_host.Runtime(self.mod, self.static_mod, {name: torch.from_numpy(a) for name, a in
+                                                                   self.cplan.table_arrays().items()})
+        self._prefill_mods: dict = {}
+
+    def reset(self) -> None:
+        """Forget the sequence batch (a fresh `dynamic_host.Runtime` over the same kernels)."""
+        self.rt = dynamic_host.Runtime(self.mod, self.static_mod, self.rt.tables)
 
     @property
     def cache_size(self) -> int:
@@ -82,27 +86,26 @@ class DynamicRuntime:
     def length(self, value: int) -> None:
         self.rt.length = value
 
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return self.rt.device_tables(device)
-
     # --- prefill ---------------------------------------------------------------------------
     def _prefill_module(self, options):
         mod = self._prefill_mods.get(options)
         if mod is None:
-            mod = self._prefill_mods[options] = prefill_module(self.plan.full, options, self._cache_dir)
+            mod = self._prefill_mods[options] = prefill_module(self.split.full, options, self._cache_dir)
         return mod
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill_options=None) -> torch.Tensor:
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The prompt's attention (q, k, v of one length P); starts a new sequence batch."""
+        check_triton_tensor("SASAttnKernel.prefill", "q", q)
         B, H, P, D = q.shape
         dev = q.device
-        o = prefill_options or auto_prefill_options(self.plan.full, P, P)
-        tiles = tile_tensors(self.plan.full, P, P, o.block_m, o.block_n, dev)
-        mod = self._prefill_module(o)
+        sched = self.plan.schedule(P, P)
+        tiles = runs_tensors(sched.runs, dev)
+        mod = self._prefill_module(sched.options)
         if self.cplan.fused is not None:
             return self.rt.prefill(mod, q, k, v, tiles)
         out, lse, _ = self.rt.attention(mod, q, k, v, tiles)
         probs = self._prefill_probs(q, k, lse)
-        scores = self.plan.score(probs, q.float(), k.float(), self._externals(0, P, dev)).float()
+        scores = self.split.score(probs, q.float(), k.float(), self._externals(0, P, dev)).float()
         self.rt.start(q, k, v, scores)
         return out
 
@@ -113,7 +116,7 @@ class DynamicRuntime:
         g = H // k.shape[1]
         kq = k.float().repeat_interleave(g, dim=1)
         s = torch.einsum("bhqd,bhkd->bhqk", q.float(), kq) * (D ** -0.5 * LOG2E)
-        m = torch.from_numpy(self.plan.full.to_mask(P)).to(q.device)
+        m = torch.from_numpy(self.split.full.to_mask(P)).to(q.device)
         ok = m[None, None] & torch.isfinite(lse)[..., None]
         return torch.where(ok, torch.exp2(s - torch.where(ok, lse[..., None], 0.0)), 0.0)
 
@@ -121,12 +124,12 @@ class DynamicRuntime:
         """`other_inputs` for the score graph of queries [i0, i1): external scores sliced to
         the step; every tensor the chain reads must live on the kernel's device."""
         out = dict(self.other_inputs)
-        for name in (*self.plan.score.weights, *self.plan.score.externals):
+        for name in (*self.split.score.weights, *self.split.score.externals):
             x = out[name]
             if isinstance(x, torch.Tensor) and x.device != device:
                 raise KernelError(f"other_inputs[{name!r}] is on {x.device} but q, k, v are on {device}; "
                                   f"move it with .to({str(device)!r})")
-        for name in self.plan.score.externals:
+        for name in self.split.score.externals:
             x = out[name]
             if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] < i1 or x.shape[3] < i1:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -137,6 +140,9 @@ class DynamicRuntime:
 
     # --- decode ----------------------------------------------------------------------------
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One token at the next position of the sequence batch the last prefill started."""
+        if self.rt.state is None:
+            raise KernelError("SASAttnKernel.decode: no prompt yet; call kernel.prefill(q, k, v) before decode")
         B, H, Hkv, D, dtype, dev = self.rt.shape
         if (q.shape[0], q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device) != (B, H, Hkv, D, dtype, dev):
             raise KernelError(f"SASAttnKernel.decode: q {tuple(q.shape)} {q.dtype} on {q.device} and k "
@@ -183,7 +189,7 @@ class DynamicRuntime:
                          torch.where(pool_held.repeat_interleave(g, dim=1), p[:, :, C:], 0.0)[:, :, None, :])
         kk_x = torch.cat([kk, torch.zeros(B, Hkv, 1, D, device=dev)], dim=2)
         kk_x.scatter_(2, pk[..., None].expand(-1, -1, -1, D), st.k[:, :, C:].float())
-        scores = self.plan.score(probs_x[..., :n], q.float(), kk_x[:, :, :n], self._externals(pos, n, dev))
+        scores = self.split.score(probs_x[..., :n], q.float(), kk_x[:, :, :n], self._externals(pos, n, dev))
         scores = scores.float()                                            # [B, Hkv, n]
         acc = st.acc.view(B, Hkv, T)
         if C:

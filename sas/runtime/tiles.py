@@ -1,22 +1,30 @@
-"""Prefill tile lists on a device: the CSR arrays of `sas.ir.tiles.tile_map` as the int32
-tensors the prefill kernels take."""
+"""Prefill tile lists on a device: the runs of a `sas.ir.tile_runs.TileRuns` schedule expanded
+to the int32 CSR tensors the prefill kernels take (by `sas.runtime.standalone.tile_tensors`,
+the code compiled output runs too)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from sas.ir.tiles import tile_map
-from sas.lang.pattern import Pattern
+from sas.ir.tile_runs import TileRuns
+from sas.runtime import standalone
 
 
-def tile_tensors(pattern: Pattern, q_len: int, k_len: int, block_m: int, block_n: int,
-                 device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(full_rowptr, full_cols, part_rowptr, part_cols, order) for queries at the last `q_len`
-    of `k_len` positions; an empty array becomes one placeholder element (never read)."""
-    tm = tile_map(pattern, q_len, k_len, block_m, block_n, k_len - q_len)
-    arrays = (tm.full_rowptr, tm.full_cols, tm.part_rowptr, tm.part_cols, tm.block_order())
-    return tuple(torch.from_numpy(a.copy()).to(device) if a.size
-                 else torch.zeros(1, dtype=torch.int32, device=device) for a in arrays)
+def runs_tensors(runs: TileRuns, device: Any) -> tuple[torch.Tensor, ...]:
+    """(full_rowptr, full_cols, part_rowptr, part_cols, order) of `runs` on `device`; an empty
+    array becomes one placeholder element (never read)."""
+    arrays = (runs.full_ptr, runs.full_runs, runs.part_ptr, runs.part_runs)
+    return standalone.tile_tensors(*(torch.from_numpy(a.copy()) for a in arrays), device)
 
 
-__all__ = ["tile_tensors"]
+def schedule_tensors(runs: TileRuns) -> dict[str, Any]:
+    """The runs as the dict of CPU tensors `standalone.prefix_runs` reads (what `sas compile`
+    stores in plan.pt for the square max_len problem)."""
+    return {"length": runs.k_len, "block_m": runs.block_m, "block_n": runs.block_n,
+            "full_ptr": torch.from_numpy(runs.full_ptr.copy()), "full_runs": torch.from_numpy(runs.full_runs.copy()),
+            "part_ptr": torch.from_numpy(runs.part_ptr.copy()), "part_runs": torch.from_numpy(runs.part_runs.copy())}
+
+
+__all__ = ["runs_tensors", "schedule_tensors"]

@@ -1,0 +1,52 @@
+"""Host-memory limits checked before sas allocates a table whose size follows the sequence length.
+
+Most of what a plan holds grows with the KV-cache size, not with `max_len` (docs/architecture.md,
+"Sizes"). A few tables are per token or per tile and cannot be avoided: the region schedule of a
+dynamic pattern (`enter_at`, `region_last`, ... over `max_len` positions), per-token analyses of
+patterns without a known period (an `n x n` mask), and the prefill tile schedule that
+`sas compile` writes for `max_len`. Each is estimated first and refused with a `KernelError`
+giving the numbers when it would exceed `host_table_limit()` bytes: 1 GiB unless the
+environment variable `SAS_HOST_TABLE_LIMIT` (bytes; K, M, G suffixes) says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from sas.errors import KernelError
+
+#: Default largest host table, in bytes.
+DEFAULT_HOST_TABLE_LIMIT = 1 << 30
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def host_table_limit() -> int:
+    """The largest host-side table sas builds, in bytes (`SAS_HOST_TABLE_LIMIT` or 1 GiB)."""
+    text = os.environ.get("SAS_HOST_TABLE_LIMIT", "").strip()
+    if not text:
+        return DEFAULT_HOST_TABLE_LIMIT
+    m = re.fullmatch(r"(\d+)\s*([kKmMgG]?)", text)
+    if not m:
+        raise KernelError(f"SAS_HOST_TABLE_LIMIT must be a byte count such as 1073741824 or 1G, got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in binary units, e.g. '1.5 GiB'."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_host_bytes(what: str, nbytes: int, hint: str) -> None:
+    """Raise `KernelError` naming `what`, its size and the limit when `nbytes` exceeds it."""
+    limit = host_table_limit()
+    if nbytes > limit:
+        raise KernelError(f"{what} would take about {format_bytes(nbytes)} of host memory ({nbytes} bytes), "
+                          f"more than the limit of {format_bytes(limit)} (SAS_HOST_TABLE_LIMIT); {hint}")
+
+
+__all__ = ["DEFAULT_HOST_TABLE_LIMIT", "check_host_bytes", "format_bytes", "host_table_limit"]

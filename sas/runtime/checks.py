@@ -1,0 +1,82 @@
+"""Argument checks shared by `SASAttnKernel` and the executors: shapes, dtypes, devices and
+lengths of q, k, v and the compact caches, each a `KernelError` naming the argument before any
+work starts. Executor-specific limits (the Triton backend's devices and head dims) are checked
+by the executor itself."""
+
+from __future__ import annotations
+
+import torch
+
+from sas.errors import KernelError
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_tensors(where: str, **tensors: torch.Tensor) -> None:
+    """Each argument a 4-D tensor [batch, heads, seq, head_dim]; all of one supported dtype and
+    one device, with one batch size and one head_dim."""
+    first_name, first = None, None
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise KernelError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise KernelError(f"{where}: {name} must be 4-D [batch, heads, seq, head_dim], got shape {tuple(t.shape)}")
+        if first is None:
+            first_name, first = name, t
+            if t.dtype not in SUPPORTED_DTYPES:
+                raise KernelError(f"{where}: {name} has unsupported dtype {t.dtype}; supported: bfloat16, float16, "
+                                  f"float32")
+            continue
+        if t.dtype != first.dtype:
+            raise KernelError(f"{where}: {name} has dtype {t.dtype} but {first_name} has {first.dtype}; all tensors "
+                              f"must share one dtype")
+        if t.device != first.device:
+            raise KernelError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; all tensors "
+                              f"must be on one device")
+        if t.shape[0] != first.shape[0]:
+            raise KernelError(f"{where}: {name} has batch {t.shape[0]} but {first_name} has {first.shape[0]}")
+        if t.shape[3] != first.shape[3]:
+            raise KernelError(f"{where}: {name} has head_dim {t.shape[3]} but {first_name} has {first.shape[3]}")
+
+
+def check_qkv(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] of one shape, Hq a multiple of Hkv, no empty
+    sequence."""
+    check_tensors(where, q=q, k=k, v=v)
+    if k.shape != v.shape:
+        raise KernelError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise KernelError(f"{where}: q has {hq} heads and k/v have {hkv}; the query heads must be a multiple of "
+                          f"the kv heads (GQA)")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise KernelError(f"{where}: empty sequence (q length {q.shape[2]}, k length {k.shape[2]})")
+
+
+def check_one_token(where: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[2] != 1 or k.shape[2] != 1:
+        raise KernelError(f"{where}: decode takes one token: q [B, Hq, 1, D] and k, v [B, Hkv, 1, D], got q length "
+                          f"{q.shape[2]} and k length {k.shape[2]}")
+
+
+def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch.Tensor, slots: int) -> None:
+    """past_k, past_v [batch, kv_heads, slots, head_dim] matching k, contiguous in head_dim."""
+    want = (k.shape[0], k.shape[1], slots, k.shape[3])
+    for name, c in (("past_k", past_k), ("past_v", past_v)):
+        if tuple(c.shape) != want:
+            raise KernelError(f"{where}: {name} must have shape [batch, kv_heads, cache_size, head_dim] = "
+                              f"{list(want)}, got {list(c.shape)}")
+        if c.stride(3) != 1:
+            raise KernelError(f"{where}: {name} must be contiguous in head_dim")
+
+
+def check_position(where: str, position: object, max_len: int) -> int:
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise KernelError(f"{where}: position must be a non-negative integer, got {position!r}")
+    if position >= max_len:
+        raise KernelError(f"{where}: position {position} is past max_len={max_len} (the cache analysis covers "
+                          f"positions 0..{max_len - 1}); build the kernel with a larger max_len")
+    return position
+
+
+__all__ = ["SUPPORTED_DTYPES", "check_cache", "check_one_token", "check_position", "check_qkv", "check_tensors"]

@@ -1,0 +1,329 @@
+"""Host side of the dynamic decode kernels (docs/dynamic.md, section 7): the device state of one
+sequence batch, the kernel launches, and the prefill / decode orchestration (`Runtime`).
+
+This module imports only torch: `sas compile` copies it next to the generated kernel module
+(`dynamic_decode.py`), and `sas.runtime.dynamic.DynamicRuntime` uses it in place. The kernel
+module is passed in (`kernels`): it holds the Triton kernels (`ATTN_KERNEL`, `COMBINE_KERNEL`,
+`UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`, `TOTAL`, `MAX_LEN`,
+`BUDGET`, `REFRESH`, `MAX_ENTERING`, `REDUCE`, `BLOCK_N`, `NUM_WARPS`) and the pattern's torch
+functions (`region(i, j)`, `cache_ids(token_ids)`, `epilogue(x)`).
+
+    rt = Runtime(dynamic_decode, static_decode, tables)   # tables: the region schedule
+    out = rt.prefill(prefill, q, k, v)                    # the prompt's prefill module
+    out = rt.decode(q1, k1, v1)                           # one token per call
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+import torch
+
+LOG2E = 1.4426950408889634
+TABLE_NAMES = ("enter_at", "region_last", "enter_ptr", "enter_keys")
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (>= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _interpreting_bf16(dtype: torch.dtype) -> bool:
+    """Triton's CPU interpreter has no bf16 arithmetic: the kernels compute in fp32 there."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_n: int | None = None,
+                   num_sms: int = 132, waves: int = 2, blocks_per_split: int = 2, max_splits: int = 128) -> int:
+    """Splits of the slot range. Fewer slot blocks per program than the static decode kernel:
+    the block-skipping branch stops software pipelining, so memory parallelism comes from more
+    programs instead."""
+    block_n = kernels.BLOCK_N if block_n is None else block_n
+    blocks = max(1, -(-kernels.TOTAL // block_n))
+    want = -(-waves * num_sms // max(1, batch * num_kv_heads))
+    want = min(max(want, -(-blocks // blocks_per_split)), max_splits)
+    return max(1, min(blocks, want))
+
+
+class State:
+    """Device state of one sequence batch: the compact cache (static segment + pool), the
+    accumulated scores per slot, the pool's keys and flags, and scratch buffers."""
+
+    def __init__(self, kernels: ModuleType, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: Any, num_splits: int | None = None):
+        B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
+        total, pool = kernels.TOTAL, kernels.POOL_SIZE
+        self.k = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
+        self.v = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
+        self.acc = torch.zeros(B * Hkv, total, dtype=torch.float32, device=device)
+        self.flags = torch.zeros(B * Hkv, pool, dtype=torch.int8, device=device)
+        self.keys = torch.full((B * Hkv, pool), -1, dtype=torch.int32, device=device)
+        self.new_pool = torch.full((B * Hkv,), -1, dtype=torch.int32, device=device)
+        self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
+        self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
+        # one query head per kv head: 32-slot blocks (no tl.dot; a ragged last block costs less)
+        self.block_n = min(32, kernels.BLOCK_N) if H == Hkv else kernels.BLOCK_N
+        blocks = max(1, -(-total // self.block_n))
+        ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
+        ns = max(1, min(ns, blocks))
+        self.split_size = -(-blocks // ns) * self.block_n
+        self.num_splits = max(1, -(-total // self.split_size))
+        n = B * H * self.num_splits
+        self.mpart = torch.empty(n, dtype=torch.float32, device=device)
+        self.lpart = torch.empty(n, dtype=torch.float32, device=device)
+        self.apart = torch.empty(n * D, dtype=torch.float32, device=device)
+        self.shape = (B, H, Hkv, D)
+
+
+def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+           pos: int, out: torch.Tensor, sm_scale: float | None = None, use_dot: bool | None = None) -> torch.Tensor:
+    """The attention of query `pos` (q [B, Hq, 1, D]; k_new, v_new [B, Hkv, 1, D]) over the
+    static segment and the loaded pool slots; writes the new key, the raw scores and the row
+    statistics into `state` and the output into `out`."""
+    B, H, _, D = q.shape
+    Hkv = k_new.shape[1]
+    group = H // Hkv
+    if sm_scale is None:
+        sm_scale = D ** -0.5
+    if use_dot is None:
+        use_dot = group > 1
+    g_pad = max(16, next_power_of_2(group)) if use_dot else next_power_of_2(group)
+    kc, vc = state.k, state.v
+    kernels.ATTN_KERNEL[(state.num_splits, B * Hkv)](
+        q, k_new, v_new, kc, vc, out, state.mpart, state.lpart, state.apart, state.sraw, state.acc,
+        state.flags, state.keys, state.new_pool, pos,
+        q.stride(0), q.stride(1), q.stride(3),
+        k_new.stride(0), k_new.stride(1), k_new.stride(3),
+        v_new.stride(0), v_new.stride(1), v_new.stride(3),
+        kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
+        vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
+        out.stride(0), out.stride(1), out.stride(3),
+        Hkv, sm_scale * LOG2E,
+        STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
+        BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
+        DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
+        num_warps=kernels.NUM_WARPS, num_stages=2,
+    )
+    if state.num_splits > 1:
+        kernels.COMBINE_KERNEL[(B * H,)](
+            out, state.mpart, state.lpart, state.apart, out.stride(0), out.stride(1), out.stride(3), H,
+            HEAD_DIM=D, NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), num_warps=4,
+        )
+    return out
+
+
+def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tensor, enter_ptr: torch.Tensor,
+           enter_keys: torch.Tensor, *, score: bool, evict: bool) -> None:
+    """Steps 1-4 of the update kernel after query `pos` (score: the fused chain accumulates;
+    evict: H2O eviction down to BUDGET)."""
+    B, H, Hkv, D = state.shape
+    group = H // Hkv
+    kc, vc = state.k, state.v
+    pool_pad = next_power_of_2(kernels.POOL_SIZE)
+    kernels.UPDATE_KERNEL[(B * Hkv,)](
+        state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
+        state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos,
+        kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
+        vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
+        Hkv,
+        STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
+        NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), HEAD_DIM=D,
+        BLOCK=min(1024, pool_pad) if evict else 256, POOL_PAD=pool_pad if evict else 16,
+        SCORE=bool(score), EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
+        MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)), num_warps=4,
+    )
+
+
+def top_mask(score: torch.Tensor, mask: torch.Tensor, b: int, key: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the `b` entries of `mask` with the highest `score` per row; ties to the larger
+    `key` (the more recent key)."""
+    key = key.expand_as(score)
+    s = torch.where(mask, score, torch.full_like(score, float("-inf")))
+    o1 = torch.argsort(key, dim=1, descending=True, stable=True)
+    o2 = torch.argsort(s.gather(1, o1), dim=1, descending=True, stable=True)
+    order = o1.gather(1, o2)[:, :b]
+    chosen = torch.zeros_like(mask).scatter(1, order, True)
+    return chosen & mask
+
+
+class Runtime:
+    """Prefill, then token-by-token decode, of one sequence batch over the generated kernels.
+
+    `kernels` is the generated dynamic decode module; `static_module` the static part's decode
+    module (`fill_cache`; None when STATIC_SIZE is 0); `tables` holds the region schedule as
+    int32 CPU tensors of MAX_LEN entries: `enter_at` (first region query of each key, -1:
+    never), `region_last` (last region query, clipped to MAX_LEN; -1: never), `enter_ptr` /
+    `enter_keys` (keys by the query they enter at, CSR).
+
+    With REDUCE None the score chain is not fused: pass the prompt's per-key scores to
+    `start` and an `accumulate(runtime, q, pos)` callback to `decode`.
+    """
+
+    def __init__(self, kernels: ModuleType, static_module: ModuleType | None, tables: Mapping[str, Any]):
+        if kernels.STATIC_SIZE and static_module is None:
+            raise ValueError("Runtime: the static part has cache slots; pass its decode module")
+        missing = [n for n in TABLE_NAMES if n not in tables]
+        if missing:
+            raise ValueError(f"Runtime: the region schedule lacks {', '.join(missing)}")
+        self.kernels = kernels
+        self.static_module = static_module
+        self.tables = {name: torch.as_tensor(tables[name]) for name in TABLE_NAMES}
+        self._device_tables: dict[str, tuple[torch.Tensor, ...]] = {}
+        self.state: State | None = None
+        self.length = 0
+        #: the key each static slot holds (CPU int64; -1: empty)
+        self.static_keys = torch.full((kernels.STATIC_SIZE,), -1, dtype=torch.int64)
+        self.shape: tuple | None = None
+
+    def device_tables(self, device: Any) -> tuple[torch.Tensor, ...]:
+        """(region_last, enter_ptr, enter_keys) on `device`, for `update`."""
+        key = str(device)
+        if key not in self._device_tables:
+            t = self.tables
+            self._device_tables[key] = tuple(t[n].to(device=device, dtype=torch.int32).contiguous()
+                                             for n in ("region_last", "enter_ptr", "enter_keys"))
+        return self._device_tables[key]
+
+    # --- prefill ----------------------------------------------------------------------------
+    def attention(self, prefill_module: ModuleType, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  tiles: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """The prompt's attention (every region key: exactly the pattern's mask) and each row's
+        log2 softmax statistic; `tiles` from `prefill_module.build_tiles` by default."""
+        P = q.shape[2]
+        if tiles is None:
+            tiles = prefill_module.build_tiles(P, q_offset=0, device=q.device)
+        lse = torch.empty(q.shape[0], q.shape[1], P, dtype=torch.float32, device=q.device)
+        out = prefill_module.prefill(q, k, v, *tiles, q_offset=0, lse=lse)
+        return out, lse, tiles
+
+    def fused_scores(self, prefill_module: ModuleType, q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor,
+                     tiles: tuple) -> torch.Tensor:
+        """Per-key scores [B, Hkv, P] of the fused chain over the prompt (the score kernel reuses
+        the attention's row statistics)."""
+        reduce = self.kernels.REDUCE
+        if reduce is None:
+            raise ValueError("Runtime: the score chain is not fused; compute the scores outside")
+        red = prefill_module.score(q, k, lse, *tiles, reduce="max" if reduce == "max" else "sum", q_offset=0)
+        if reduce == "mean":
+            red = red / ((q.shape[1] // k.shape[1]) * q.shape[2])
+        return self.kernels.epilogue(red)
+
+    def prefill(self, prefill_module: ModuleType, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                tiles: tuple | None = None) -> torch.Tensor:
+        """Attention over the prompt, then the cache cut to the budget (fused chains)."""
+        out, lse, tiles = self.attention(prefill_module, q, k, v, tiles)
+        self.start(q, k, v, self.fused_scores(prefill_module, q, k, lse, tiles))
+        return out
+
+    def start(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> None:
+        """Lay the prompt (P tokens) out as static segment + pool: the static part's slots, the
+        candidates cut to the BUDGET best `scores` (refresh=False; ties: the more recent key),
+        the keys entering at query P staged."""
+        K = self.kernels
+        B, H, P, D = q.shape
+        Hkv = k.shape[1]
+        dev = q.device
+        C = K.STATIC_SIZE
+        st = State(K, B, H, Hkv, D, k.dtype, dev)
+        scores = scores.to(torch.float32).reshape(B * Hkv, P)
+        static_keys = torch.full((C,), -1, dtype=torch.int64)
+        if C:
+            self.static_module.fill_cache(k, v, st.k[:, :, :C], st.v[:, :, :C])
+            j = torch.arange(P, dtype=torch.int64)
+            cid = K.cache_ids(j).to(torch.int64)
+            ok = cid >= 0
+            static_keys.scatter_reduce_(0, cid[ok], j[ok], reduce="amax")
+            sel = (static_keys >= 0).nonzero()[:, 0]
+            st.acc[:, sel.to(dev)] = scores[:, static_keys[sel].to(dev)]
+        t = self.tables
+        cand = (t["enter_at"][:P] >= 0) & (t["enter_at"][:P] <= P - 1) & (t["region_last"][:P] >= P)
+        cand = cand.to(dev)[None, :].expand(B * Hkv, P)
+        keep = cand if K.REFRESH else top_mask(scores, cand, K.BUDGET, torch.arange(P, device=dev))
+        n_keep = keep.sum(dim=1)
+        npool = min(K.POOL_SIZE, P)
+        if int(n_keep.max()) > K.POOL_SIZE:
+            raise RuntimeError(f"{int(n_keep.max())} candidate keys after the prompt exceed the pool of "
+                               f"{K.POOL_SIZE} slots")
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :npool]   # kept keys first
+        valid = torch.arange(npool, device=dev)[None, :] < n_keep[:, None]
+        st.keys[:, :npool] = torch.where(valid, order, -1).to(torch.int32)
+        st.flags[:, :npool] = torch.where(valid, 3, 0).to(torch.int8)
+        st.acc[:, C:C + npool] = torch.where(valid, scores.gather(1, order), 0.0)
+        idx = order[..., None].expand(-1, -1, D)
+        pk = st.k.view(B * Hkv, K.TOTAL, D)
+        pv = st.v.view(B * Hkv, K.TOTAL, D)
+        pk[:, C:C + npool] = torch.where(valid[..., None], k.reshape(B * Hkv, P, D).gather(1, idx), 0)
+        pv[:, C:C + npool] = torch.where(valid[..., None], v.reshape(B * Hkv, P, D).gather(1, idx), 0)
+        self.state = st
+        self.static_keys = static_keys
+        self.length = P
+        self.shape = (B, H, Hkv, D, k.dtype, dev)
+        update(K, st, P - 1, *self.device_tables(dev), score=False, evict=False)
+        if K.REFRESH and P < K.MAX_LEN:
+            self.select(P)
+
+    # --- decode -----------------------------------------------------------------------------
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               accumulate: Callable[[Runtime, torch.Tensor, int], None] | None = None) -> torch.Tensor:
+        """One token at position `self.length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D]."""
+        K = self.kernels
+        if self.state is None:
+            raise RuntimeError("Runtime.decode: no prompt yet; call prefill (or start) first")
+        pos = self.length
+        if pos >= K.MAX_LEN:
+            raise RuntimeError(f"Runtime.decode: position {pos} is past MAX_LEN={K.MAX_LEN}")
+        if K.REDUCE is None and accumulate is None:
+            raise ValueError("Runtime.decode: the score chain is not fused; pass accumulate=")
+        st = self.state
+        out = torch.empty_like(q)
+        attend(K, st, q, k, v, pos, out)
+        if K.REDUCE is None:
+            accumulate(self, q, pos)
+        update(K, st, pos, *self.device_tables(q.device), score=K.REDUCE is not None, evict=not K.REFRESH)
+        if K.REFRESH and pos + 1 < K.MAX_LEN:
+            self.select(pos + 1)
+        if K.STATIC_SIZE:
+            s = int(K.cache_ids(torch.tensor(pos, dtype=torch.int64)))
+            if s >= 0:
+                self.static_keys[s] = pos
+        self.length = pos + 1
+        return out
+
+    def select(self, i: int) -> None:
+        """refresh=True: mark loaded the BUDGET held pool keys of region row i with the highest
+        accumulated score (ties: the more recent key)."""
+        K = self.kernels
+        st = self.state
+        keys = st.keys.to(torch.int64)
+        held = ((st.flags & 1) != 0) & (keys >= 0)
+        held = held & K.region(torch.full_like(keys, i), keys.clamp(min=0))
+        chosen = top_mask(st.acc[:, K.STATIC_SIZE:], held, K.BUDGET, keys)
+        st.flags.copy_(torch.where(held | ((st.flags & 1) != 0), (st.flags & 1) | (chosen.to(torch.int8) * 2),
+                                   st.flags))
+
+    # --- what the selection holds -------------------------------------------------------------
+    def held_keys(self) -> list[list[list[int]]]:
+        """Per batch entry and KV head: the keys the dynamic selection holds after the last step
+        (sorted; keys already staged for the next query are not counted)."""
+        st = self.state
+        B, H, Hkv = self.shape[:3]
+        keys = st.keys.to(torch.int64)
+        enter = self.tables["enter_at"].to(keys.device, torch.int64)[keys.clamp(min=0)]
+        held = ((st.flags & 1) != 0) & (keys >= 0) & (enter < self.length)
+        return [[sorted(int(x) for x in keys[b * Hkv + h][held[b * Hkv + h]]) for h in range(Hkv)]
+                for b in range(B)]
+
+    def attended_keys(self) -> list[list[list[int]]]:
+        """Per batch entry and KV head: the pool keys the next decode query attends, sorted."""
+        st = self.state
+        B, H, Hkv = self.shape[:3]
+        keys = st.keys.to(torch.int64)
+        loaded = ((st.flags & 2) != 0) & (keys >= 0)
+        loaded &= self.kernels.region(torch.full_like(keys, self.length), keys.clamp(min=0))
+        return [[sorted(int(x) for x in keys[b * Hkv + h][loaded[b * Hkv + h]]) for h in range(Hkv)]
+                for b in range(B)]
+
+
+__all__ = ["Runtime", "State", "attend", "next_power_of_2", "num_splits_for", "top_mask", "update"]

@@ -1,0 +1,294 @@
+"""Host side of generated static kernels, and the one-call entry of `sas compile` output.
+
+This module imports only torch and the standard library: `sas compile` copies it beside the
+generated modules (as `standalone.py`), and sas's own Triton runtime uses the same functions
+(tile schedule expansion, held-key tables, split counts), so both paths run one code.
+
+A compiled folder is a Python package:
+
+    import importlib.util, sys
+    spec = importlib.util.spec_from_file_location("my_attn", "build/__init__.py",
+                                                  submodule_search_locations=["build"])
+    attn = importlib.util.module_from_spec(spec); sys.modules["my_attn"] = attn
+    spec.loader.exec_module(attn)
+    out = attn.prefill(q, k, v)                      # any length <= MAX_LEN
+    k_cache, v_cache = attn.new_cache(batch, num_kv_heads, head_dim, dtype, device)
+    attn.fill_cache(k, v, k_cache, v_cache)          # the prompt's keys, as decoding leaves them
+    out = attn.decode(q1, k1, v1, k_cache, v_cache, position)
+
+(or `import build` when the folder's parent is on sys.path and its name is an identifier).
+Dynamic patterns: `attn.prefill(q, k, v)` starts a sequence batch and `attn.decode(q1, k1, v1)`
+continues it (the selection state lives beside the cache; `attn.Runtime` makes more).
+
+The prefill tile schedule for `max_len` is stored as runs of key blocks per query block
+(`plan.pt`, `schedule["prefill"]`). A prompt of length L <= max_len (queries = keys) uses its
+first query blocks with the runs clipped to L (`prefix_runs`): exact, since a tile's class can
+only go from partial to empty or full when rows and columns are cut, and partial tiles test the
+mask cell by cell; a full tile of a ragged last key block becomes partial. Queries that are a
+suffix of the keys (Lq < Lk) recompute their tiles from the generated mask predicate on the
+device (`build_tiles` in prefill.py: O(Lq * Lk) evaluations, chunked).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+#: the file beside the kernels holding the plan's tables (torch.save of a dict)
+PLAN_FILE = "plan.pt"
+FORMAT = 1
+
+
+# --- tile schedules ---------------------------------------------------------------------------
+
+
+def _normalize(rows: torch.Tensor, a: torch.Tensor, b: torch.Tensor, nrows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR (ptr, runs) of runs given as (row, start, stop): empty runs dropped, sorted, adjacent
+    runs merged."""
+    keep = b > a
+    rows, a, b = rows[keep], a[keep], b[keep]
+    span = int(b.max()) + 1 if b.numel() else 1
+    order = torch.argsort(rows * span + a, stable=True)
+    rows, a, b = rows[order], a[order], b[order]
+    if rows.numel():
+        new = torch.ones(rows.numel(), dtype=torch.bool, device=rows.device)
+        new[1:] = (rows[1:] != rows[:-1]) | (a[1:] != b[:-1])
+        start = new.nonzero()[:, 0]
+        end = torch.cat([start[1:], torch.tensor([rows.numel()], device=rows.device)]) - 1
+        rows, a, b = rows[start], a[start], b[end]
+    ptr = torch.zeros(nrows + 1, dtype=torch.int64, device=rows.device)
+    ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=nrows)[:nrows], 0)
+    return ptr.to(torch.int32), torch.stack([a, b], dim=1).to(torch.int32).reshape(-1, 2)
+
+
+def _rows_of(ptr: torch.Tensor, runs: torch.Tensor, nrows: int) -> tuple[torch.Tensor, ...]:
+    ptr = ptr.to(torch.int64)
+    n = int(ptr[nrows])
+    rows = torch.repeat_interleave(torch.arange(nrows, device=ptr.device), ptr[1:nrows + 1] - ptr[:nrows])
+    runs = runs.to(torch.int64)
+    return rows, runs[:n, 0], runs[:n, 1]
+
+
+def prefix_runs(schedule: dict[str, Any], length: int) -> dict[str, Any]:
+    """The runs of the `length x length` problem (queries = keys) from those of the square
+    max_len problem (module doc): the first query blocks, runs clipped to the key blocks that
+    exist, a ragged last key block's full tiles made partial."""
+    bm, bn = int(schedule["block_m"]), int(schedule["block_n"])
+    if not 0 < length <= int(schedule["length"]):
+        raise ValueError(f"prefix_runs: length must be in 1..{int(schedule['length'])}, got {length}")
+    nqb, nkb = -(-length // bm), -(-length // bn)
+    rf, af, bf = _rows_of(schedule["full_ptr"], schedule["full_runs"], nqb)
+    rp, ap, bp = _rows_of(schedule["part_ptr"], schedule["part_runs"], nqb)
+    bf, bp = bf.clamp(max=nkb), bp.clamp(max=nkb)
+    if length % bn:
+        cut = bf == nkb
+        rp = torch.cat([rp, rf[cut]])
+        ap = torch.cat([ap, torch.full_like(rf[cut], nkb - 1)])
+        bp = torch.cat([bp, torch.full_like(rf[cut], nkb)])
+        bf = torch.where(cut, nkb - 1, bf)
+    fp, fr = _normalize(rf, af, bf, nqb)
+    pp, pr = _normalize(rp, ap, bp, nqb)
+    return dict(schedule, length=length, full_ptr=fp, full_runs=fr, part_ptr=pp, part_runs=pr)
+
+
+def expand_runs(ptr: torch.Tensor, runs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR (rowptr, cols) int32 of the key blocks that runs `[start, stop)` per row cover."""
+    runs = runs.to(torch.int64).reshape(-1, 2)
+    lengths = runs[:, 1] - runs[:, 0]
+    cum = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=runs.device)
+    cum[1:] = torch.cumsum(lengths, 0)
+    rowptr = cum[ptr.to(torch.int64)]
+    total = int(cum[-1])
+    first = torch.repeat_interleave(cum[:-1], lengths)
+    cols = torch.repeat_interleave(runs[:, 0], lengths) + torch.arange(total, device=runs.device) - first
+    return rowptr.to(torch.int32), cols.to(torch.int32)
+
+
+def tile_tensors(full_ptr: torch.Tensor, full_runs: torch.Tensor, part_ptr: torch.Tensor,
+                 part_runs: torch.Tensor, device: Any) -> tuple[torch.Tensor, ...]:
+    """(full_rowptr, full_cols, part_rowptr, part_cols, order) on `device`, the arguments the
+    prefill kernel takes; `order` lists the query blocks with the most tiles first. An empty
+    array becomes one placeholder element (never read)."""
+    fr, fc = expand_runs(full_ptr.to(device), full_runs.to(device))
+    pr, pc = expand_runs(part_ptr.to(device), part_runs.to(device))
+    work = (fr[1:] - fr[:-1]) + (pr[1:] - pr[:-1])
+    order = torch.argsort(-work.to(torch.int64), stable=True).to(torch.int32)
+    return tuple(t.contiguous() if t.numel() else torch.zeros(1, dtype=torch.int32, device=device)
+                 for t in (fr, fc, pr, pc, order))
+
+
+# --- decode helpers -----------------------------------------------------------------------------
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 elsewhere: the CPU interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+class HeldKeys:
+    """For decode modules whose mask is table-driven (`HELD_KEYS`): the key each cache slot
+    holds once key `position` is written (-1: empty), from the module's `cache_ids` over its
+    MAX_LEN positions (such tables exist only for short max_len: sas's per-token fallback)."""
+
+    def __init__(self, decode_module: ModuleType):
+        n, C = int(decode_module.MAX_LEN), max(1, int(decode_module.CACHE_SIZE))
+        j = torch.arange(n, dtype=torch.int64)
+        cid = decode_module.cache_ids(j).to(torch.int64)
+        ok = cid >= 0
+        self._codes = torch.sort(cid[ok] * n + j[ok]).values
+        self._n, self._C = n, C
+        self._slots = torch.arange(C, dtype=torch.int64)
+
+    def __call__(self, position: int, device: Any) -> torch.Tensor:
+        n, codes, slots = self._n, self._codes, self._slots
+        idx = torch.searchsorted(codes, slots * n + position, right=True) - 1
+        got = codes[idx.clamp(min=0)] if codes.numel() else torch.full_like(slots, -1)
+        held = torch.where((idx >= 0) & (got // n == slots), got % n, -1)
+        return held.to(device=device, dtype=torch.int32)
+
+
+# --- the one-call entry of compiled output ------------------------------------------------------
+
+
+class StaticKernel:
+    """Prefill and decode of a compiled static pattern: `prefill_module` (prefill.py),
+    `decode_module` (decode.py; None for a pattern that is not causal) and the plan's stored
+    `schedule` (plan.pt)."""
+
+    def __init__(self, prefill_module: ModuleType, decode_module: ModuleType | None, schedule: dict[str, Any]):
+        self.prefill_module = prefill_module
+        self.decode_module = decode_module
+        self.schedule = schedule
+        self.max_len = int(schedule["max_len"])
+        self._tiles: dict[tuple, tuple] = {}
+        self._held = HeldKeys(decode_module) if decode_module is not None and decode_module.HELD_KEYS else None
+
+    @property
+    def cache_size(self) -> int:
+        return int(self._decoder("cache_size").CACHE_SIZE)
+
+    def tiles(self, q_len: int, k_len: int, device: Any) -> tuple[torch.Tensor, ...]:
+        """Tile lists for queries at the last q_len of k_len positions (module doc)."""
+        key = (q_len, k_len, str(device))
+        hit = self._tiles.get(key)
+        if hit is None:
+            p = self.schedule["prefill"]
+            if q_len == k_len:
+                r = prefix_runs(p, k_len)
+                hit = tile_tensors(r["full_ptr"], r["full_runs"], r["part_ptr"], r["part_runs"], device)
+            else:
+                hit = self.prefill_module.build_tiles(q_len, k_len, block_m=int(p["block_m"]),
+                                                      block_n=int(p["block_n"]), device=device)
+            if len(self._tiles) >= 16:
+                self._tiles.pop(next(iter(self._tiles)))
+            self._tiles[key] = hit
+        return hit
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None,
+                lse: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D] (queries at the last Lq of the
+        Lk <= MAX_LEN positions)."""
+        Lq, Lk = q.shape[2], k.shape[2]
+        if not 0 < Lq <= Lk <= self.max_len:
+            raise ValueError(f"prefill: need 0 < q length ({Lq}) <= k length ({Lk}) <= MAX_LEN ({self.max_len})")
+        p = self.schedule["prefill"]
+        return self.prefill_module.prefill(q, k, v, *self.tiles(Lq, Lk, q.device), out=out, lse=lse,
+                                           block_m=int(p["block_m"]), block_n=int(p["block_n"]),
+                                           num_warps=int(p["num_warps"]), num_stages=int(p["num_stages"]))
+
+    def _decoder(self, where: str) -> ModuleType:
+        if self.decode_module is None:
+            raise ValueError(f"{where}: this pattern is not causal, so it has no decode cache (prefill only)")
+        return self.decode_module
+
+    def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed compact caches (k, v), each [batch, num_kv_heads, CACHE_SIZE, head_dim]."""
+        shape = (batch, num_kv_heads, max(1, int(self._decoder("new_cache").CACHE_SIZE)), head_dim)
+        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+    def fill_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Write a prompt's keys/values (positions 0..L-1) into the compact caches as token-by-token
+        decoding would have left them."""
+        if k.shape[2] > self.max_len:
+            raise ValueError(f"fill_cache: prompt length {k.shape[2]} exceeds MAX_LEN ({self.max_len})")
+        self._decoder("fill_cache").fill_cache(k, v, k_cache, v_cache)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, position: int, *, num_splits: int | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """One token at absolute `position` (q [B, Hq, 1, D]; k, v [B, Hkv, 1, D]); the caches are
+        updated in place (the new key goes to slot cache_id_func(position))."""
+        mod = self._decoder("decode")
+        if not 0 <= position < self.max_len:
+            raise ValueError(f"decode: position must be in 0..{self.max_len - 1}, got {position}")
+        if num_splits is None:
+            num_splits = mod.num_splits_for(q.shape[0], k.shape[1], num_sms=num_sms(q.device))
+        slot_keys = self._held(position, q.device) if self._held is not None else None
+        return mod.decode(q, k, v, k_cache, v_cache, position, out=out, num_splits=num_splits, slot_keys=slot_keys)
+
+
+class DynamicKernel:
+    """Prefill and decode of a compiled dynamic pattern (one sequence batch at a time): the
+    prompt's prefill module, the static part's decode module (None without static slots), the
+    generated dynamic kernels, their host module (dynamic_host.py) and the stored plan."""
+
+    def __init__(self, prefill_module: ModuleType, static_module: ModuleType | None, kernels: ModuleType,
+                 host: ModuleType, schedule: dict[str, Any]):
+        self.prefill_module = prefill_module
+        self.static_module = static_module
+        self.kernels = kernels
+        self.host = host
+        self.schedule = schedule
+        self.max_len = int(schedule["max_len"])
+        self.runtime = self.Runtime()
+
+    def Runtime(self) -> Any:  # noqa: N802 - reads as the class it makes
+        """A fresh `dynamic_host.Runtime` (one sequence batch) over these kernels."""
+        return self.host.Runtime(self.kernels, self.static_module, self.schedule["dynamic"])
+
+    def tiles(self, length: int, device: Any) -> tuple[torch.Tensor, ...]:
+        r = prefix_runs(self.schedule["prefill"], length)
+        return tile_tensors(r["full_ptr"], r["full_runs"], r["part_ptr"], r["part_runs"], device)
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Start a sequence batch: the prompt's attention (exactly the pattern's mask), then the
+        cache cut to the budget. q [B, Hq, P, D], k, v [B, Hkv, P, D], P <= MAX_LEN."""
+        P = q.shape[2]
+        if not 0 < P <= self.max_len or k.shape[2] != P:
+            raise ValueError(f"prefill: q and k/v must have the same length P in 1..{self.max_len}, got "
+                             f"{P} and {k.shape[2]}")
+        self.runtime = self.Runtime()
+        return self.runtime.prefill(self.prefill_module, q, k, v, self.tiles(P, q.device))
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One token at the next position of the current sequence batch."""
+        return self.runtime.decode(q, k, v)
+
+    def held_keys(self) -> list[list[list[int]]]:
+        return self.runtime.held_keys()
+
+
+def load(package: str, directory: str | os.PathLike) -> StaticKernel | DynamicKernel:
+    """The entry object of the compiled package `package` in `directory` (its __init__ calls this)."""
+    directory = Path(directory)
+    schedule = torch.load(directory / PLAN_FILE, map_location="cpu", weights_only=True)
+    if int(schedule.get("format", 0)) != FORMAT:
+        raise ValueError(f"{directory / PLAN_FILE}: format {schedule.get('format')!r}, this loader reads {FORMAT}")
+
+    def sub(name: str) -> ModuleType:
+        return importlib.import_module(f"{package}.{name}")
+
+    if schedule["kind"] == "dynamic":
+        static = sub("static_decode") if schedule["static_slots"] else None
+        return DynamicKernel(sub("prefill"), static, sub("dynamic_decode"), sub("dynamic_host"), schedule)
+    return StaticKernel(sub("prefill"), sub("decode") if schedule["causal"] else None, schedule)
+
+
+__all__ = ["DynamicKernel", "HeldKeys", "PLAN_FILE", "StaticKernel", "expand_runs", "load", "num_sms",
+           "prefix_runs", "tile_tensors"]

@@ -1,0 +1,152 @@
+"""`sas compile` output stands on its own: a static and a dynamic pattern are compiled, then
+imported in a subprocess where sas is NOT importable (isolated interpreter, no site hooks, only
+the site-packages folder that holds torch and triton on sys.path). The package's one-call entry
+(prefill, new_cache / fill_cache / decode, or the dynamic prefill / decode) runs under
+TRITON_INTERPRET=1 on tiny inputs, and its outputs are checked here against references built
+from the oracle mask (and, for the dynamic pattern, the float64 H2O specification)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+
+from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
+from sas.codegen import compile_pattern  # noqa: E402
+from sas.codegen.triton_backend import DecodeOptions, PrefillOptions  # noqa: E402
+from sas.dynamic import dynamic_attention_reference  # noqa: E402
+
+SITE = {str(Path(m.__file__).resolve().parents[1]) for m in (torch, triton)}
+
+RUNNER = r'''
+import importlib.util, json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+try:
+    import sas  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("sas is importable in the isolated interpreter: " + sas.__file__)
+import torch
+out_dir, io_path, kind = sys.argv[2], sys.argv[3], sys.argv[4]
+spec = importlib.util.spec_from_file_location("compiled_attn", out_dir + "/__init__.py",
+                                              submodule_search_locations=[out_dir])
+attn = importlib.util.module_from_spec(spec)
+sys.modules["compiled_attn"] = attn
+spec.loader.exec_module(attn)
+data = torch.load(io_path)
+q, k, v, P = data["q"], data["k"], data["v"], data["P"]
+N = q.shape[2]
+res = {}
+if kind == "static":
+    res["prefill_full"] = attn.prefill(q, k, v)                                  # the max_len schedule
+    res["prefill_prompt"] = attn.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])  # a shorter prefix of it
+    res["prefill_suffix"] = attn.prefill(q[:, :, P:], k, v)                      # suffix queries (build_tiles)
+    kc, vc = attn.new_cache(q.shape[0], k.shape[1], q.shape[3], q.dtype, q.device)
+    attn.fill_cache(k[:, :, :P], v[:, :, :P], kc, vc)
+    steps = [attn.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], kc, vc, t) for t in range(P, N)]
+    res["decode"] = torch.cat(steps, dim=2)
+else:
+    outs = [attn.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])]
+    held = [attn.held_keys()]
+    for t in range(P, N):
+        outs.append(attn.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]))
+        held.append(attn.held_keys())
+    res["out"] = torch.cat(outs, dim=2)
+    res["held"] = json.dumps(held)
+torch.save(res, io_path + ".out")
+'''
+
+
+def run_isolated(out_dir: Path, tmp_path: Path, kind: str, tensors: dict) -> dict:
+    io_path = tmp_path / f"{kind}_io.pt"
+    torch.save(tensors, io_path)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
+           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0"),
+           "TRITON_CACHE_DIR": str(tmp_path / "triton_cache")}
+    # -I: no PYTHONPATH, no user site, no script folder; -S: no site-packages hooks (the editable
+    # install of sas lives in a .pth file); sys.path gets only the folders holding torch and triton.
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", RUNNER, json.dumps(sorted(SITE)), str(out_dir),
+                           str(io_path), kind], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(str(io_path) + ".out")
+
+
+def masked_reference(mask, q, k, v):
+    """float64 attention over `mask` (query rows = last rows of the mask); rows without a key: 0."""
+    B, H, Lq, D = q.shape
+    g = H // k.shape[1]
+    kk = k.double().repeat_interleave(g, 1)
+    vv = v.double().repeat_interleave(g, 1)
+    s = (q.double() @ kk.transpose(-1, -2)) * D ** -0.5
+    m = torch.from_numpy(mask)
+    w = torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)
+    return w @ vv
+
+
+def qkv(B, Hq, Hkv, N, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, Hq, N, D, generator=g), torch.randn(B, Hkv, N, D, generator=g),
+            torch.randn(B, Hkv, N, D, generator=g))
+
+
+def close(got, want, tol=1e-4):
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the isolated run uses the CPU interpreter")
+def test_static_output_runs_without_sas(tmp_path):
+    # sinks + window: the cache keeps 12 of 40 keys; the schedule has full and partial tiles
+    pattern = (Diag(0, 8) + Rect(cols=(0, 4))) * Causal()
+    N, P = 40, 29
+    out = tmp_path / "static_build"
+    rep = compile_pattern(pattern, out, max_len=N, head_dim=16, dtype="float32", num_heads=2, num_kv_heads=1,
+                          prefill_options=PrefillOptions(16, 16, 4, 1), decode_options=DecodeOptions(16, 4, 1))
+    assert rep["cache_size"] == 12
+    assert {"__init__.py", "plan.pt", "standalone.py", "prefill.py", "decode.py"} <= set(os.listdir(out))
+    for name in ("__init__.py", "standalone.py", "prefill.py", "decode.py"):
+        src = (out / name).read_text()
+        assert "import sas" not in src and "from sas" not in src, name
+    assert "attn.decode(q1, k1, v1, k_cache, v_cache, position)" in (out / "report.md").read_text()
+    q, k, v = qkv(1, 2, 1, N, 16, seed=3)
+    res = run_isolated(out, tmp_path, "static", {"q": q, "k": k, "v": v, "P": P})
+    mask = pattern.to_mask(N)
+    close(res["prefill_full"], masked_reference(mask, q, k, v))
+    close(res["prefill_prompt"], masked_reference(mask[:P, :P], q[:, :, :P], k[:, :, :P], v[:, :, :P]))
+    close(res["prefill_suffix"], masked_reference(mask[P:], q[:, :, P:], k, v))
+    close(res["decode"], masked_reference(mask[P:], q[:, :, P:], k, v))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the isolated run uses the CPU interpreter")
+def test_dynamic_output_runs_without_sas(tmp_path):
+    # window + H2O (budget 3) on what the window leaves: evictions happen within 24 tokens
+    dyn = Dynamic(budget=3, score=ops.attn_score().sum(dim=1))
+    pattern = Diag(0, 4) + Diag(4, None) * dyn
+    N, P = 24, 10
+    out = tmp_path / "dynamic_build"
+    rep = compile_pattern(pattern, out, max_len=32, head_dim=16, dtype="float32", num_heads=2, num_kv_heads=1,
+                          prefill_options=PrefillOptions(16, 16, 4, 1))
+    assert rep["dynamic"] is True and rep["static_slots"] == 4
+    assert {"__init__.py", "plan.pt", "standalone.py", "dynamic_host.py", "dynamic_decode.py"} <= set(os.listdir(out))
+    for name in ("__init__.py", "standalone.py", "dynamic_host.py", "dynamic_decode.py", "static_decode.py"):
+        src = (out / name).read_text()
+        assert "import sas" not in src and "from sas" not in src, name
+    q, k, v = qkv(1, 2, 1, N, 16, seed=5)
+    res = run_isolated(out, tmp_path, "dynamic", {"q": q, "k": k, "v": v, "P": P})
+    # the prompt attends exactly the oracle mask
+    close(res["out"][:, :, :P], masked_reference(pattern.to_mask(P), q[:, :, :P], k[:, :, :P], v[:, :, :P]))
+    # every step against the float64 specification of the policy: outputs and held key sets
+    ref = dynamic_attention_reference(pattern, q.double(), k.double(), v.double(), prefill_len=P)
+    close(res["out"], ref.out)
+    held = json.loads(res["held"])
+    assert held == [[[list(t) for t in per_b] for per_b in step.held_sets()] for step in ref.steps]
