@@ -31,7 +31,7 @@ from sas.analysis.columns import upper_triangle_clear
 from sas.codegen.triton_backend import DecodeOptions, PrefillOptions, auto_decode_options, auto_prefill_options
 from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
-from sas.errors import AnalysisError, KernelError, NotYetSupportedError, PatternError, SASError
+from sas.errors import AnalysisError, KernelError, PatternError, SASError
 from sas.ir.periodicity import structure
 from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.ir.tiles import is_causal

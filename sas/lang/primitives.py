@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from sas.errors import PatternError
+from sas.lang.ops import OpChain, default_score
 from sas.lang.pattern import MAX_INDEX, Pattern, _b
 
 Bound = tuple[int | None, int | None] | None
