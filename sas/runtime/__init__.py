@@ -7,6 +7,7 @@ from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, register_backend, static_runtime
 from sas.runtime.kernel import SASAttnKernel
 from sas.runtime.static import TritonRuntime
+from sas.runtime.torch_executor import TorchExecutor, torch_runtime
 
-__all__ = ["DynamicRuntime", "SASAttnKernel", "StaticRuntime", "TritonRuntime", "register_backend",
+__all__ = ["DynamicRuntime", "SASAttnKernel", "StaticRuntime", "TorchExecutor", "TritonRuntime", "torch_runtime", "register_backend",
            "static_runtime"]

@@ -37,7 +37,7 @@ from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
 
-BACKENDS = ("triton",)
+BACKENDS = ("triton", "torch")
 DEFAULT_MAX_LEN = 16384
 
 
@@ -198,6 +198,10 @@ class SASAttnKernel(torch.nn.Module):
         self.other_inputs = dict(other_inputs)
         self.max_len = plan.max_len
         self.backend = backend
+        if plan.is_dynamic and backend != "triton":
+            raise NotYetSupportedError(f"SASAttnKernel: backend={backend!r} runs static patterns only; a pattern "
+                                       f"with a Dynamic component runs on backend='triton' (CUDA, or the CPU "
+                                       f"under TRITON_INTERPRET=1)")
         if plan.is_dynamic:
             self._session: _StaticSession | _DynamicSession = _DynamicSession(
                 DynamicRuntime(plan, self.other_inputs, cache_dir), plan)

@@ -42,6 +42,7 @@ from sas.codegen.lower_triton import (
 )
 from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
+from sas.runtime.executor import register_backend
 
 #: queries per block of the masked attention (bounds the score tensor to B x Hq x 128 x Lk)
 BLOCK_Q = 128
@@ -268,7 +269,7 @@ class TorchExecutor:
         return m & (p >= 0)
 
     # --- masked attention ------------------------------------------------------------------
-    def plan(self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, ordered: bool = False) -> AttendPlan:
+    def attend_plan(self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, ordered: bool = False) -> AttendPlan:
         """Masks for queries at `q_pos` [R, Lq] over keys at `k_pos` [R, Lk] (R = 1 or B; -1:
         no token). `ordered`: query t never attends a key of index > Lk - Lq + t (true for a
         causal pattern when the keys are in position order and the queries are the last Lq)."""
@@ -383,7 +384,7 @@ class TorchExecutor:
     def prefill_plan(self, positions: Any, k_len: int, q_len: int, batch: int, device: Any) -> AttendPlan:
         """The plan `prefill` uses for these positions (reusable across layers)."""
         p = _positions("TorchExecutor.prefill", positions, k_len, batch, torch.device(device), self.max_len)
-        return self.plan(p[:, k_len - q_len:], p, ordered=self.analysis is not None)
+        return self.attend_plan(p[:, k_len - q_len:], p, ordered=self.analysis is not None)
 
     # --- compact cache ---------------------------------------------------------------------
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
@@ -497,7 +498,7 @@ class TorchExecutor:
         start = torch.where(p >= 0, p, torch.iinfo(torch.int64).max).amin(dim=1)
         before = torch.where(start == torch.iinfo(torch.int64).max, -1, start - 1)
         held = self.held_keys(before)                                         # [R, C]
-        return self.plan(p, torch.cat([held, p], dim=1), ordered=True)
+        return self.attend_plan(p, torch.cat([held, p], dim=1), ordered=True)
 
     def prefill_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
                       past_v: torch.Tensor, positions: torch.Tensor, *, scale: float | None = None,
@@ -523,4 +524,14 @@ class TorchExecutor:
         return out
 
 
-__all__ = ["TorchExecutor", "AttendPlan", "DecodePlan", "PlanBlock", "BLOCK_Q"]
+def torch_runtime(plan: Any, *, num_splits: int | None = None, cache_dir: Any = None) -> TorchExecutor:
+    """`SASAttnKernel(..., backend="torch")`: the executor of a static `sas.plan.Plan`
+    (`num_splits` and `cache_dir` concern the Triton kernels and are ignored)."""
+    executor = TorchExecutor(plan.pattern, plan.analysis if plan.can_decode else None)
+    executor.plan = plan
+    return executor
+
+
+register_backend("torch", torch_runtime)
+
+__all__ = ["TorchExecutor", "torch_runtime", "AttendPlan", "DecodePlan", "PlanBlock", "BLOCK_Q"]
