@@ -164,10 +164,10 @@ def test_caller_held_caches_are_refused_for_dynamic_patterns():
 
 def test_decode_before_prefill_and_past_max_len():
     ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=8)
-    x = torch.randn(1, 1, 1, 16)
+    x = torch.randn(1, 1, 1, 16, device=DEV)
     with pytest.raises(KernelError, match="prefill"):
         ker.decode(x, x, x)
-    p = torch.randn(1, 1, 8, 16)
+    p = torch.randn(1, 1, 8, 16, device=DEV)
     ker.prefill(p, p, p)
     with pytest.raises(KernelError, match="max_len"):
         ker.decode(x, x, x)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.errors import KernelError, NotYetSupportedError
 from sas.runtime import SASAttnKernel, TorchExecutor
-from tests.helpers.attention import qkv, reference_attention, rel_error
-from tests.strategies import causal_patterns
+from helpers.attention import DEV, qkv, reference_attention, rel_error
+from strategies import causal_patterns
 
 STREAMING = (Diag(0, 6) + Rect(cols=(0, 2))) * Causal()
 STRIDED = (Diag(0, 4) + Diag(0, None, stride=5)) * Causal()
@@ -31,7 +31,7 @@ def run_both_ways(kernel: SASAttnKernel, q, k, v, prefill: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("pattern", [Causal(), STREAMING, STRIDED, KEYLESS], ids=repr)
 def test_torch_backend_matches_oracle_and_triton(pattern):
-    q, k, v = qkv(2, 4, 2, 20, 16, dtype=torch.float32, seed=3)
+    q, k, v = qkv(2, 4, 2, 20, 16, dtype=torch.float32, device=DEV, seed=3)
     ref = reference_attention(pattern, q, k, v)
     torch_out = run_both_ways(SASAttnKernel(pattern, max_len=32, backend="torch"), q, k, v, prefill=7)
     triton_out = run_both_ways(SASAttnKernel(pattern, max_len=32, backend="triton"), q, k, v, prefill=7)
@@ -43,11 +43,11 @@ def test_torch_backend_matches_oracle_and_triton(pattern):
 def test_torch_backend_runtime_and_caches():
     kernel = SASAttnKernel(STREAMING, max_len=64, backend="torch")
     assert isinstance(kernel.runtime, TorchExecutor)
-    q, k, v = qkv(1, 2, 2, 12, 16, dtype=torch.float32, seed=1)
+    q, k, v = qkv(1, 2, 2, 12, 16, dtype=torch.float32, device=DEV, seed=1)
     kernel.prefill(q, k, v)
     assert kernel.k_cache.shape == (1, 2, kernel.cache_size, 16)
     # functional form over caller-held caches gives the stateful result
-    kc, vc = kernel.new_cache(1, 2, 16, torch.float32, "cpu")
+    kc, vc = kernel.new_cache(1, 2, 16, torch.float32, DEV)
     kernel.fill_cache(k[:, :, :11], v[:, :, :11], kc, vc)
     out = kernel(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], kc, vc, position=11)
     ref = reference_attention(STREAMING, q, k, v)[:, :, 11:]
@@ -58,7 +58,7 @@ def test_torch_backend_runtime_and_caches():
 @given(pattern=causal_patterns(max_depth=3), prefill=st.integers(1, 10))
 def test_torch_backend_random_compositions(pattern, prefill):
     assume(not pattern.dynamics() and pattern.to_mask(16).any())
-    q, k, v = qkv(1, 2, 1, 16, 16, dtype=torch.float32, seed=prefill)
+    q, k, v = qkv(1, 2, 1, 16, 16, dtype=torch.float32, device=DEV, seed=prefill)
     kernel = SASAttnKernel(pattern, max_len=16, backend="torch")
     out = run_both_ways(kernel, q, k, v, prefill)
     assert rel_error(out, reference_attention(pattern, q, k, v)) < 1e-5

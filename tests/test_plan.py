@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect, analyze  # noqa: E402
+from helpers.attention import DEV  # noqa: E402
 from sas.codegen import compile_pattern  # noqa: E402
 from sas.codegen.triton_backend import (  # noqa: E402
     DecodeOptions,
@@ -110,7 +111,7 @@ def test_kernel_and_compile_take_the_plan(tmp_path):
     ker = SASAttnKernel(plan=plan)
     assert ker.plan is plan and ker.cache_size == 28 and ker.analysis is plan.analysis
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 1, 20, 16, generator=g).to(DEV) for _ in range(3))
     ker.prefill(q, k, v)
     assert len(plan.schedules) == 1                          # the runtime used the plan's cache
     rep = compile_pattern(SMALL_STREAMING, tmp_path / "out", plan=plan, head_dim=16, dtype="float32")
