@@ -28,11 +28,11 @@ from sas.evaluation.text import corpus_tokens
 from sas.integrations.transformers import SASCache, sas_attention
 from sas.models import ModelShape
 
-from model_fixtures import smollm2
+from model_fixtures import smollm2, tiny_llama
 
 WINDOW = Diag(0, 64)
 STRIDED_BLOCK_LOCAL = (Rect(size=(32, 32)) >> Diag(0, 1)) * Rect(stride=4) * Causal()
-WINDOW_H2O = Diag(0, 32) + Diag(32, None) * Dynamic(budget=32, score=ops.attn_score().sum(dim=1), refresh=False)
+WINDOW_H2O = Diag(0, 16) + Diag(16, None) * Dynamic(budget=16, score=ops.attn_score().sum(dim=1), refresh=False)
 
 
 def _masked_nll(model, ids: list[int], mask: np.ndarray, last: int | None = None) -> tuple[float, int]:
@@ -86,10 +86,23 @@ def test_queries_without_keys_warn_and_stay_finite():
     assert any("192 of 256 queries (75.0%) attend no key" in w for w in rep.warnings)
 
 
-def test_window_h2o_runs_and_reports_its_runtime_cache():
-    _, row = _eval(WINDOW_H2O, depths=(0.5,))
-    assert math.isfinite(row.ppl) and len(row.passkey) == 1
-    assert row.cache.compact < row.cache.dense
+def test_window_h2o_prefill_is_its_region_and_decode_evicts():
+    """A Dynamic pattern (on the tiny random Llama: the dynamic kernels run in the Triton
+    interpreter on the CPU, too slow for 30 layers). Its prefill attends the whole region
+    (docs/dynamic.md), so prefill-mode perplexity is dense's; decode steps keep the window +
+    budget only, so decode-mode perplexity differs."""
+    model = tiny_llama()
+    _, tok = smollm2()
+    pre = evaluate_patterns(model, tok, [EvalPattern("h2o", WINDOW_H2O)], [160], depths=(0.5,), progress=False)
+    dec = evaluate_patterns(model, tok, [EvalPattern("h2o", WINDOW_H2O)], [160], depths=(), mode="decode",
+                            decode_tokens=8, progress=False)
+    (p,), (d,) = pre.rows, dec.rows
+    assert p.error is None and d.error is None, (p.error, d.error)
+    assert math.isclose(p.ppl, p.dense_perplexity, rel_tol=1e-5) and len(p.passkey) == 1
+    assert d.perplexity.scored == 8 and math.isfinite(d.ppl) and not math.isclose(d.ppl, d.dense_perplexity,
+                                                                                   rel_tol=1e-4)
+    assert p.cache.compact == kv_cache_bytes(WINDOW_H2O, 160, ModelShape.of(model.config), torch.float32).compact
+    assert p.cache.compact < p.cache.dense
 
 
 def test_kv_bytes_equal_the_sas_cache():

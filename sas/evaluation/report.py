@@ -295,4 +295,4 @@ def _pattern_rows(model: Any, tokenizer: Any, p: EvalPattern, contexts: list[int
 
 
 __all__ = ["BACKENDS", "DENSE", "EvalPattern", "EvalReport", "EvalRow", "check_contexts", "default_apply",
-           "evaluate_patterns", "fmt_bytes", "fmt_ppl", "pattern_checks"]
+           "evaluate_patterns", "fmt_bytes", "fmt_ppl", "fmt_ratio", "pattern_checks"]
