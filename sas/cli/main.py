@@ -620,6 +620,12 @@ def compile_(pattern: str, backend: str, output: str, force: bool, max_len: int,
         click.echo(f"KV cache: {report['cache_size']} slots (dense: {report.get('dense_cache_size', max_len)})")
 
 
+from sas.cli.model_commands import evaluate, generate  # noqa: E402  (`sas generate`, `sas eval`: docs/models.md)
+
+cli.add_command(generate)
+cli.add_command(evaluate)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point (`sas = sas.cli.main:main`)."""
     cli.main(args=argv, prog_name="sas")
