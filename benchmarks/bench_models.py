@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from sas import Causal, Diag, Rect  # noqa: E402
+from sas.models import ModelShape, load_model  # noqa: E402
 
 BASELINES = ("sdpa", "flex_attention")
 SAS_PATTERNS: dict[str, Any] = {
@@ -163,8 +164,6 @@ def weight_bytes_per_step(model: Any) -> int:
 # --- models --------------------------------------------------------------------------------
 
 def build_smollm2(dtype: torch.dtype) -> Any:
-    from sas.models import load_model
-
     model, _ = load_model("default", dtype=dtype, device="cuda", attn_implementation="sdpa")
     return model
 
@@ -298,8 +297,9 @@ def guarded(row: Row, fn: Callable[[], None], rows: list[Row]) -> None:
 
 
 def analysis_kv_bytes(model: Any, pattern: Any, length: int, batch: int) -> int:
+    # the static analysis (shapely, sympy, ...) is imported per sas row, like the integration:
+    # where it is missing, the sas rows fail and the baselines still run
     from sas.evaluation.cache_bytes import kv_cache_bytes
-    from sas.models import ModelShape
 
     return kv_cache_bytes(pattern, length, ModelShape.of(model.config), model.dtype, batch).compact
 
@@ -361,6 +361,11 @@ def fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
+def fmt_x(x: Any, spec: str = ".2f") -> str:
+    s = fmt(x, spec)
+    return s if s == "-" else s + "x"
+
+
 def markdown(rows: list[Row]) -> str:
     lines = ["| model | variant | mode | context | batch | ms/token | tokens/s | vs flex | vs flex eager | "
              "host overhead ms/step | GPU busy ms/step | floor ms | vs floor | KV MiB | dense KV MiB | "
@@ -374,9 +379,9 @@ def markdown(rows: list[Row]) -> str:
         mode = r.mode + ("" if r.mode == "eager" or r.compiled else " (not compiled)")
         lines.append(
             f"| {r.model} | {r.variant} | {mode} | {r.context} | {r.batch} | {fmt(r.ms_per_token)} | "
-            f"{fmt(r.tokens_per_s, '.1f')} | {fmt(r.vs_flex)}x | {fmt(r.vs_flex_eager)}x | "
+            f"{fmt(r.tokens_per_s, '.1f')} | {fmt_x(r.vs_flex)} | {fmt_x(r.vs_flex_eager)} | "
             f"{fmt(r.host_overhead_ms_per_step)} | {fmt(r.gpu_busy_ms_per_step)} | {fmt(r.floor_ms, '.3f')} | "
-            f"{fmt(r.vs_floor, '.1f')}x | {fmt(r.kv_bytes / 2**20, '.1f')} | {fmt(r.dense_kv_bytes / 2**20, '.1f')} | "
+            f"{fmt_x(r.vs_floor, '.1f')} | {fmt(r.kv_bytes / 2**20, '.1f')} | {fmt(r.dense_kv_bytes / 2**20, '.1f')} | "
             f"{fmt(r.prefill_peak_gib)} / {fmt(r.decode_peak_gib)} |")
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ import json
 import math
 import platform
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Sequence
 
 import torch
@@ -126,10 +127,8 @@ class EvalReport:
 
 def _transformers_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("transformers")
-    except Exception:   # not installed as a distribution (a source checkout)
+    except PackageNotFoundError:   # not installed as a distribution (a source checkout)
         return "unknown"
 
 

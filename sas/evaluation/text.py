@@ -66,7 +66,7 @@ def corpus_tokens(tokenizer: Any, n: int) -> list[int]:
             break
         end = min(len(text), 2 * end)
     if len(ids) < n:
-        raise ModelError(f"--tokens {n} is more than the {len(ids)} tokens of the text ({SOURCE})")
+        raise ModelError(f"{n} tokens asked for, more than the {len(ids)} tokens of the text ({SOURCE})")
     return list(ids[:n])
 
 
