@@ -29,6 +29,7 @@ demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/sas inspect examples/streaming_llm.py --max-len 16K
 	$(BIN)/sas plot examples/strided_block_local.py -o out/strided_block_local.png
+	$(BIN)/sas generate examples/streaming_llm.py "Write one sentence about memory." --max-new-tokens 32
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
