@@ -74,3 +74,13 @@ def sas_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop("SAS_CACHE_DIR", None)
     else:
         os.environ["SAS_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one CPU thread for a module (restored after): the model-integration tests run
+    many small ops, which are far faster so than on OpenMP threads contending for 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -55,24 +55,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kern
 STRIDED = (Diag(0, 3) + Diag(0, None, stride=4)) * Causal()          # every row has keys
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("SAS_CACHE_DIR")
-    os.environ["SAS_CACHE_DIR"] = str(tmp_path_factory.mktemp("sas_cache_integration"))
-    yield
-    if old is None:
-        os.environ.pop("SAS_CACHE_DIR", None)
-    else:
-        os.environ["SAS_CACHE_DIR"] = old
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small CPU ops run far faster on one thread than on OpenMP threads fighting over shared cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# one CPU thread: small ops run far faster so than on OpenMP threads fighting over shared cores
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(cls=LlamaForCausalLM, config=LlamaConfig, seed=0, **extra):

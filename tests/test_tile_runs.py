@@ -13,17 +13,10 @@ from sas import Causal, Diag, Rect
 from sas.errors import KernelError
 from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.ir.tiles import tile_map
+from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns, patterns
 
-TABLE1 = {
-    "streaming_llm": (Diag(0, 24) + Rect(cols=(0, 4))) * Causal(),
-    "block_local": (Rect(size=(16, 16)) >> Diag(0, 3)) * Causal(),
-    "sliding_window": Diag(0, 24),
-    "openai_strided": (Diag(0, 16) + Diag(0, None, stride=16)) * Causal(),
-    "openai_fixed": ((Rect(size=(32, 32)) >> Diag(0, 1))
-                     + ((Rect(size=(32, 32)) * Rect(cols=(28, None))) >> Rect())) * Causal(),
-    "strided_block_local": (Rect(size=(32, 32)) >> Diag(0, 1)) * Rect(stride=4) * Causal(),
-}
+TABLE1 = TABLE1_KERNELS
 
 
 def same(runs: TileRuns, pattern, q_len, k_len, bm, bn, q_offset) -> None:
