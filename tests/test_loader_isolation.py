@@ -50,17 +50,18 @@ def test_a_module_of_the_same_name_loaded_elsewhere_is_hidden_then_restored(tmp_
 
 
 def test_sibling_packages_regular_and_namespace_do_not_leak(tmp_path):
+    # a package name nothing else in the test process imports (tests/helpers is 'helpers')
     for name, w, init in (("one", 2, True), ("two", 6, False)):
         folder = tmp_path / name
-        (folder / "helpers").mkdir(parents=True)
+        (folder / "sibling_pkg").mkdir(parents=True)
         if init:
-            (folder / "helpers" / "__init__.py").write_text("")
-        (folder / "helpers" / "sizes.py").write_text(f"W = {w}\n")
-        (folder / "p.py").write_text("from sas import Diag\nfrom helpers.sizes import W\npattern = Diag(0, W)\n")
+            (folder / "sibling_pkg" / "__init__.py").write_text("")
+        (folder / "sibling_pkg" / "sizes.py").write_text(f"W = {w}\n")
+        (folder / "p.py").write_text("from sas import Diag\nfrom sibling_pkg.sizes import W\npattern = Diag(0, W)\n")
     assert load_pattern(tmp_path / "one" / "p.py") == Diag(0, 2)
-    assert not [m for m in sys.modules if m.split(".")[0] == "helpers"]
+    assert not [m for m in sys.modules if m.split(".")[0] == "sibling_pkg"]
     assert load_pattern(tmp_path / "two" / "p.py") == Diag(0, 6)
-    assert not [m for m in sys.modules if m.split(".")[0] == "helpers"]
+    assert not [m for m in sys.modules if m.split(".")[0] == "sibling_pkg"]
 
 
 def test_sys_path_changes_are_undone(tmp_path):
