@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 # One core for timings, where taskset exists.
 PIN := $(shell command -v taskset >/dev/null 2>&1 && echo taskset -c 0)
 BENCH_ARGS ?= --markdown
+# Test processes (pytest-xdist): one per core; `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: setup demo test wheel-smoke bench-analysis clean
 
@@ -32,7 +34,7 @@ demo: $(STAMP)
 	$(BIN)/sas generate examples/streaming_llm.py "Write one sentence about memory." --max-new-tokens 32
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 wheel-smoke: $(STAMP)
 	VENV_PYTHON=$(abspath $(BIN))/python .ci/wheel-smoke
