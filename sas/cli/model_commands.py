@@ -13,6 +13,9 @@ optional heavy dependencies, and `sas inspect` must not pay for importing them.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -126,15 +129,21 @@ _dtype_option = click.option("--dtype", default="float32", show_default=True, me
 @_device_option
 @_dtype_option
 @click.option("--raw", is_flag=True, help="Send PROMPT as plain text, without the tokenizer's chat template.")
+@click.option("--tp", type=int, default=1, show_default=True, metavar="N",
+              help="Tensor-parallel ranks: shard the attention heads over N GPUs (or N CPU processes over gloo "
+                   "with --device cpu) through transformers' tp_plan='auto'; sas starts the N processes with "
+                   "torchrun itself.")
 def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, backend: str, device: str,
-             dtype: str, raw: bool) -> None:
+             dtype: str, raw: bool, tp: int) -> None:
     """Generate a reply to PROMPT with PATTERN's attention in every layer, streamed to stdout.
 
     PATTERN is a pattern script / .sas file or `dense` (transformers' own attention). The
     prompt goes through the tokenizer's chat template (unless --raw); decoding is greedy.
-    A last line on stderr gives the tokens and the KV-cache bytes next to dense.
+    A last line on stderr gives the tokens and the KV-cache bytes next to dense (per rank
+    with --tp).
     """
     _positive(max_new_tokens, "--max-new-tokens")
+    _positive(tp, "--tp")
     _choice(backend, BACKEND_NAMES, "--backend")
     _choice(dtype, DTYPE_NAMES, "--dtype")
     p = load_pattern_arg(pattern)
@@ -144,11 +153,20 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
 
     from sas.evaluation.cache_bytes import kv_cache_bytes
     from sas.evaluation.report import default_apply, fmt_bytes
-    from sas.models import ModelShape, load_model, parse_device, resolve_model
+    from sas.models import ModelShape, check_tensor_parallel, load_model, parse_device, resolve_model
 
-    parse_device(device)
-    resolve_model(model_spec)
-    model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
+    dev = parse_device(device)
+    source = resolve_model(model_spec)
+    if tp > 1 and "WORLD_SIZE" not in os.environ:
+        check_tensor_parallel(source, tp, dev, launched=False)      # heads and devices, before any process starts
+        argv = [pattern, prompt, "--model", model_spec, "--max-new-tokens", str(max_new_tokens), "--backend",
+                backend, "--device", device, "--dtype", dtype, "--tp", str(tp)] + (["--raw"] if raw else [])
+        code = launch_ranks(tp, ["generate", *argv])
+        if code:
+            raise ModelCommandError(f"sas generate --tp {tp}: a rank exited with status {code} (its error is above)")
+        return
+    model, tokenizer = load_model(model_spec, dtype=dtype, device=device, tp=tp)
+    lead = tp == 1 or int(os.environ.get("RANK", "0")) == 0      # under --tp only rank 0 writes
     if raw or not getattr(tokenizer, "chat_template", None):
         text, special = prompt, True
     else:
@@ -161,14 +179,26 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
     if p is not None:
         model = default_apply(model, p, backend=backend, max_len=total)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if lead else None
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, num_beams=1, pad_token_id=pad,
-                             streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
+                             do_sample=False, num_beams=1, pad_token_id=pad, streamer=streamer)
+    if not lead:
+        return
     click.echo("")
     new = out.shape[1] - ids.shape[1]
-    click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache for {total} tokens: "
-               f"{fmt_bytes(cache.compact)} (dense: {fmt_bytes(cache.dense)})]", err=True)
+    where = "" if tp == 1 else f" per rank of {tp}"
+    click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache for {total} tokens{where}: "
+               f"{fmt_bytes(cache.compact // tp)} (dense: {fmt_bytes(cache.dense // tp)})]", err=True)
+
+
+def launch_ranks(tp: int, args: list[str]) -> int:
+    """Run `python -m sas.cli ARGS` in `tp` processes under torchrun (standalone rendezvous on
+    this machine) and return the first non-zero exit status (0: all ranks succeeded)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
+           "-m", "sas.cli", *args]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
 @click.command(name="eval", short_help="Perplexity, KV-cache bytes and passkey accuracy of patterns.")
@@ -255,4 +285,4 @@ def evaluate(patterns: tuple[str, ...], model_spec: str, contexts: str, tokens: 
         click.echo(f"warning: {w}", err=True)
 
 
-__all__ = ["ModelCommandError", "evaluate", "generate", "load_pattern_arg"]
+__all__ = ["ModelCommandError", "evaluate", "generate", "launch_ranks", "load_pattern_arg"]

@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from sas.errors import IntegrationError, NotYetSupportedError
+from sas.integrations.parallel import TensorParallel
 from sas.integrations.pattern_runtime import PatternRuntime
 from sas.integrations.state import model_state
 from sas.runtime.kernel import SASAttnKernel
@@ -77,10 +78,11 @@ class SASCacheLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, runtime: PatternRuntime, layer_idx: int):
+    def __init__(self, runtime: PatternRuntime, layer_idx: int, tensor_parallel: TensorParallel | None = None):
         super().__init__()
         self.runtime = runtime
         self.layer_idx = layer_idx
+        self.tensor_parallel = tensor_parallel
         self.lengths: torch.Tensor | None = None        # [B] real tokens stored per row
         self.seen = 0                                    # columns seen, padding included
         self.kernel: SASAttnKernel | None = None         # Dynamic: the stateful kernel
@@ -91,6 +93,11 @@ class SASCacheLayer(CacheLayerMixin):
     # --- transformers' layer protocol ------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
+        tp = self.tensor_parallel
+        if tp is not None and H != tp.local_kv_heads:
+            raise IntegrationError(f"sas attention (layer {self.layer_idx}): rank {tp.rank} of {tp.size} received "
+                                   f"{H} KV heads, but a head-wise split of the model's {tp.kv_heads} KV heads "
+                                   f"gives each rank {tp.local_kv_heads}")
         self.dtype, self.device = key_states.dtype, key_states.device
         self._geometry = (B, H, D)
         if self.runtime.is_dynamic:
@@ -243,7 +250,7 @@ class SASCache(Cache):
 
     def __init__(self, model: Any):
         state = model_state(model, "SASCache")
-        layers = [SASCacheLayer(rt, i) for i, rt in enumerate(state.runtimes)]
+        layers = [SASCacheLayer(rt, i, state.tensor_parallel) for i, rt in enumerate(state.runtimes)]
         super().__init__(layers=layers)
         self.max_len = state.max_len
 
@@ -259,7 +266,8 @@ class SASCache(Cache):
         self.layers[0].crop(tokens_to_remove)
 
     def kv_cache_bytes(self) -> int:
-        """Bytes of the compact K and V caches of all layers."""
+        """Bytes of the compact K and V caches of all layers (of this rank's heads under tensor
+        parallelism)."""
         return sum(layer.kv_cache_bytes() for layer in self.layers)
 
     def dense_kv_cache_bytes(self, length: int | None = None) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sas.errors import IntegrationError
+from sas.integrations.parallel import TensorParallel
 from sas.integrations.pattern_runtime import PatternRuntime
 
 #: attribute of the model holding its `ModelState`, and of each attention module holding its runtime
@@ -16,11 +17,13 @@ RUNTIME_ATTR = "sas_runtime"
 @dataclass(frozen=True, eq=False)
 class ModelState:
     """The patterns of a model prepared by `sas_attention`: one runtime per layer (layers with
-    equal patterns share one), the analysed length and the backend."""
+    equal patterns share one), the analysed length, the backend and, under transformers' tensor
+    parallelism, how the heads are split over the ranks (None: one process holds every head)."""
 
     runtimes: tuple[PatternRuntime, ...]
     max_len: int
     backend: str
+    tensor_parallel: TensorParallel | None = None
 
     @property
     def num_layers(self) -> int:

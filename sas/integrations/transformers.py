@@ -34,6 +34,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from sas.errors import IntegrationError, NotYetSupportedError
 from sas.integrations.cache import SASCache, TokenMask, positions_of, take_binding
+from sas.integrations.parallel import check_dynamic_under_tp, tensor_parallel_of
 from sas.integrations.pattern_runtime import PatternRuntime, check_backend
 from sas.integrations.state import RUNTIME_ATTR, STATE_ATTR, ModelState, model_state
 from sas.lang.pattern import Pattern
@@ -223,6 +224,7 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     before the model is changed.
     """
     config, modules = _attention_modules(model)
+    tp = tensor_parallel_of(model, modules[0], "sas_attention")
     patterns = _layer_patterns(pattern, len(modules))
     max_len = _max_len(max_len, config)
     backend = check_backend(backend)
@@ -236,6 +238,7 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
         by_pattern.setdefault(p, []).append(i)
     runtimes = {p: PatternRuntime.build(p, max_len, backend, layers, device, head_dim)
                 for p, layers in by_pattern.items()}
+    check_dynamic_under_tp(runtimes.values(), tp, "sas_attention")
     can_set = getattr(model, "_can_set_attn_implementation", None)
     if can_set is not None and not can_set():
         raise IntegrationError(f"sas_attention: {type(model).__name__} does not dispatch its attention through "
@@ -247,7 +250,7 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     _register()
     for i, m in enumerate(modules):
         setattr(m, RUNTIME_ATTR, runtimes[patterns[i]])
-    setattr(model, STATE_ATTR, ModelState(tuple(runtimes[p] for p in patterns), max_len, backend))
+    setattr(model, STATE_ATTR, ModelState(tuple(runtimes[p] for p in patterns), max_len, backend, tp))
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     model._prepare_cache_for_generation = types.MethodType(_prepare_sas_cache, model)
     return model
