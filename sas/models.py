@@ -181,7 +181,7 @@ def check_tensor_parallel(source: ModelSource, tp: int, device: torch.device, *,
         raise ModelError(f"tp={tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
 
 
-def _tp_plan_kwargs() -> dict[str, Any]:
+def tp_plan_kwargs() -> dict[str, Any]:
     """`from_pretrained` arguments for transformers' automatic tensor-parallel plan: a
     `DistributedConfig` where this transformers has one (the bare `tp_plan` argument is
     deprecated there), `tp_plan="auto"` otherwise."""
@@ -222,7 +222,7 @@ def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.d
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     extra: dict[str, Any] = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if tp > 1:
-        extra.update(_tp_plan_kwargs())
+        extra.update(tp_plan_kwargs())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch_dtype, **kwargs, **extra)
@@ -238,4 +238,4 @@ __all__ = ["DTYPES", "ModelError", "ModelShape", "ModelSource", "SMOLLM2_ENV", "
            "SMOLLM2_HEAD_DIM", "SMOLLM2_HEADS", "SMOLLM2_KV_HEADS", "SMOLLM2_LAYERS",
            "SMOLLM2_MAX_POSITIONS", "SMOLLM2_NAME", "SMOLLM2_PACKAGE", "SMOLLM2_REQUIREMENT",
            "check_tensor_parallel", "default_model_dir", "load_model", "parse_device", "parse_dtype", "parse_tp",
-           "read_config", "resolve_model"]
+           "read_config", "resolve_model", "tp_plan_kwargs"]
