@@ -1,6 +1,7 @@
 """sas under transformers' tensor parallelism (sas.integrations.parallel, docs/integration.md).
 
-The ranks run for real: torchrun starts 2 CPU processes that talk over gloo, transformers
+The ranks run for real: torchrun starts 2 CPU processes that talk over gloo (on a machine
+with GPUs: 2 GPUs over NCCL, which transformers picks there), transformers
 shards a tiny random Llama (8 query / 4 KV heads) by heads with tp_plan="auto", and each
 rank runs sas on its own heads. The results are compared with one process holding every
 head: the same greedy tokens for dense attention, a static pattern (torch executor) and a
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,10 +29,14 @@ from sas.errors import IntegrationError
 from sas.integrations.parallel import check_head_split, valid_tp_sizes
 from sas.models import ModelError, load_model
 from tests.helpers.examples import EXAMPLES
-from tests.helpers.tp_worker import run_checks
+from tests.helpers.tp_worker import DEVICE, run_checks
 from tests.model_fixtures import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+# transformers shards onto CUDA wherever there is a GPU; there the ranks need a GPU each
+needs_ranks = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                                 reason="tensor parallelism on this machine shards onto its CUDA GPU, and 2 ranks "
+                                        "need 2 GPUs (CI runs the ranks on the CPU over gloo)")
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +108,7 @@ def test_cli_generate_tp_refuses_uneven_heads(tiny93: Path) -> None:
 
 
 # --- real ranks ----------------------------------------------------------------------------
+@needs_ranks
 def test_two_ranks_match_one_process(tiny84: Path, tmp_path: Path) -> None:
     out = tmp_path / "ranks.json"
     res = _torchrun(2, "tests/helpers/tp_worker.py", str(tiny84), str(out))
@@ -119,9 +126,10 @@ def test_two_ranks_match_one_process(tiny84: Path, tmp_path: Path) -> None:
     assert "pooled over all KV heads" in ranks["pooled"] and "all-reduce" in ranks["pooled"]
 
 
+@needs_ranks
 def test_cli_generate_tp2_streams_the_same_text(tiny84: Path) -> None:
     args = ["generate", str(EXAMPLES / "streaming_llm.sas"), "w3 w17 w101 w42 w7", "--model", str(tiny84),
-            "--raw", "--backend", "torch", "--max-new-tokens", "6"]
+            "--raw", "--backend", "torch", "--max-new-tokens", "6", "--device", DEVICE]
     one = CliRunner().invoke(cli, args)
     assert one.exit_code == 0, one.output
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -27,12 +27,14 @@ POOLED = Diag(0, 2) + Diag(2, 6) * Dynamic(budget=2, score=ops.attn_score().sum(
 PROMPT = [[3, 17, 101, 42, 7, 9, 250, 33, 61, 5, 12, 90]]
 NEW_TOKENS = 6
 MAX_LEN = 32
+#: transformers shards onto CUDA where there is a GPU (NCCL), onto the CPU (gloo) otherwise
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _generate(model: Any, pattern: Any, backend: str) -> dict[str, Any]:
     if pattern is not None:
         sas_attention(model, pattern, backend=backend, max_len=MAX_LEN)
-    ids = torch.tensor(PROMPT)
+    ids = torch.tensor(PROMPT, device=model.device)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0, return_dict_in_generate=True)
@@ -50,9 +52,9 @@ def run_checks(model_dir: str, tp: int) -> dict[str, Any]:
     torch.manual_seed(0)
     results: dict[str, Any] = {}
     for name, pattern, backend in (("dense", None, ""), ("static", STATIC, "torch"), ("h2o", H2O, "triton")):
-        model, _ = load_model(model_dir, tp=tp, attn_implementation="eager")
+        model, _ = load_model(model_dir, tp=tp, attn_implementation="eager", device=DEVICE)
         results[name] = _generate(model, pattern, backend)
-    model, _ = load_model(model_dir, tp=tp, attn_implementation="eager")
+    model, _ = load_model(model_dir, tp=tp, attn_implementation="eager", device=DEVICE)
     try:
         sas_attention(model, POOLED, backend="triton", max_len=MAX_LEN)
         results["pooled"] = "accepted"
