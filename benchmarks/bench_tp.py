@@ -17,7 +17,9 @@ columns / rows, over NCCL). One GPU loads the same checkpoint without sharding.
    budget 32 over the rest); the tokens and each rank's KV bytes are recorded.
 2. speed (bfloat16): `--context` random tokens x `--batch` rows, then greedy decode timed per
    step on CUDA events (median after `--warm` steps), for dense `sdpa` and the sas patterns;
-   per-rank peak memory (prefill and decode) and KV bytes, gathered from every rank.
+   then `--profile-steps` steps under torch.profiler give the GPU busy time per step (the rest
+   of a step is the GPU waiting for the host: Python, DTensor dispatch, launches); per-rank
+   peak memory (prefill and decode) and KV bytes, gathered from every rank.
 `report` puts the 1-GPU and 2-GPU runs side by side: tokens/s, the 2-GPU speed-up, per-GPU
 memory and KV bytes, and whether the greedy tokens of 2 GPUs equal those of 1.
 """
@@ -154,7 +156,7 @@ def check(args: argparse.Namespace) -> list[dict[str, Any]]:
 def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     n, _ = world()
-    new = args.warm + args.steps
+    new = args.warm + args.steps + args.profile_steps
     torch.manual_seed(2)
     ids = torch.randint(100, LLAMA8B["vocab_size"] - 100, (args.batch, args.context)).cuda()
     for name, pattern in {"sdpa": None, **SPEED_PATTERNS}.items():
@@ -162,7 +164,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
         t = time.perf_counter()
         try:
             model = patched(load(args.dir, torch.bfloat16), name, pattern, args.context + new)
-            rec = StepRecorder(new, 0)
+            rec = StepRecorder(new, args.profile_steps)
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -177,8 +179,11 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
                                      return_dict_in_generate=True, disable_compile=True,
                                      logits_processor=LogitsProcessorList([rec]))
             torch.cuda.synchronize()
-            steps = rec.step_ms(args.warm, 0)
+            steps = rec.step_ms(args.warm, rec.profiled)
             row["ms_per_token"] = statistics.median(steps)
+            row["host_ms_per_step"] = statistics.median(rec.host_ms(args.warm, rec.profiled))
+            busy = rec.gpu_busy_ms_per_step()
+            row["gpu_busy_ms_per_step_per_rank"] = gather(busy)
             row["tokens_per_s"] = args.batch * 1e3 / row["ms_per_token"]
             row["prefill_ms"] = t0.elapsed_time(rec.events[0])
             cache = out.past_key_values
@@ -230,13 +235,18 @@ def run(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
+def busy(row: dict[str, Any]) -> str:
+    values = [b for b in row.get("gpu_busy_ms_per_step_per_rank") or [] if b is not None]
+    return f"{max(values):.2f}" if values else "-"
+
+
 def report(one_path: str, two_path: str, out: str | None) -> str:
     one, two = json.loads(Path(one_path).read_text()), json.loads(Path(two_path).read_text())
     lines = [f"{two['meta']['device']}, {two['meta']['date']}, Llama-3.1-8B-shaped, {two['meta']['layers']} layers, "
              f"random weights, bf16, eager decode",
              "", "| variant | GPUs | context | batch | ms/token | tokens/s | 2 GPUs / 1 GPU | vs sdpa (same GPUs) | "
-             "KV MiB per GPU | weights GiB per GPU | peak GiB per GPU (prefill / decode) | floor ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "GPU busy ms/step | KV MiB per GPU | weights GiB per GPU | peak GiB per GPU (prefill / decode) | floor ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = {(r["gpus"], r["variant"]): r for run_ in (one, two) for r in run_["speed"] if "error" not in r}
     for run_ in (one, two):
         for r in run_["speed"]:
@@ -249,7 +259,8 @@ def report(one_path: str, two_path: str, out: str | None) -> str:
             lines.append(
                 f"| {r['variant']} | {r['gpus']} | {r['context']} | {r['batch']} | {r['ms_per_token']:.2f} | "
                 f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / single['tokens_per_s']:.2f}x | "
-                f"{r['tokens_per_s'] / sdpa['tokens_per_s']:.2f}x | {max(r['kv_bytes_per_rank']) / 2**20:.0f} | "
+                f"{r['tokens_per_s'] / sdpa['tokens_per_s']:.2f}x | {busy(r)} | "
+                f"{max(r['kv_bytes_per_rank']) / 2**20:.0f} | "
                 f"{max(r['weight_bytes_per_rank']) / 2**30:.2f} | {max(r['prefill_peak_gib_per_rank']):.1f} / "
                 f"{max(r['decode_peak_gib_per_rank']):.1f} | {r['floor_ms']:.2f} |"
                 if single and sdpa else f"| {r['variant']} | {r['gpus']} | missing baseline |")
@@ -284,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--batch", type=int, default=16)
     rn.add_argument("--warm", type=int, default=3)
     rn.add_argument("--steps", type=int, default=16)
+    rn.add_argument("--profile-steps", type=int, default=3, help="decode steps under the profiler, after the "
+                                                                  "timed ones: GPU busy time per step")
     rn.add_argument("--skip-check", action="store_true")
     rp = sub.add_parser("report")
     rp.add_argument("one")

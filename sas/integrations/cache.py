@@ -84,6 +84,7 @@ class SASCacheLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.tensor_parallel = tensor_parallel
         self.lengths: torch.Tensor | None = None        # [B] real tokens stored per row
+        self.host_lengths: list[int] = []                # the same on the host: decode needs no sync
         self.seen = 0                                    # columns seen, padding included
         self.kernel: SASAttnKernel | None = None         # Dynamic: the stateful kernel
 
@@ -105,6 +106,7 @@ class SASCacheLayer(CacheLayerMixin):
         else:
             self.keys, self.values = self.runtime.executor.new_cache(B, H, D, key_states.dtype, key_states.device)
         self.lengths = torch.zeros(B, dtype=torch.int64, device=key_states.device)
+        self.host_lengths = [0] * B
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -127,6 +129,7 @@ class SASCacheLayer(CacheLayerMixin):
             self.values.zero_()
         if self.lengths is not None:
             self.lengths.zero_()
+            self.host_lengths = [0] * len(self.host_lengths)
         if self.kernel is not None:
             self.kernel = self.runtime.new_dynamic_kernel()
             self.keys = self.values = None
@@ -143,6 +146,7 @@ class SASCacheLayer(CacheLayerMixin):
             idx = beam_idx.to(self.keys.device)
             self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
             self.lengths = self.lengths.index_select(0, idx)
+            self.host_lengths = self.lengths.tolist()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._static_only("batch_repeat_interleave")
@@ -150,11 +154,13 @@ class SASCacheLayer(CacheLayerMixin):
             self.keys = self.keys.repeat_interleave(repeats, dim=0)
             self.values = self.values.repeat_interleave(repeats, dim=0)
             self.lengths = self.lengths.repeat_interleave(repeats, dim=0)
+            self.host_lengths = self.lengths.tolist()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._static_only("batch_select_indices")
         if self.keys is not None:
             self.keys, self.values, self.lengths = self.keys[indices], self.values[indices], self.lengths[indices]
+            self.host_lengths = self.lengths.tolist()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotYetSupportedError("SASCache.crop: a compact cache overwrites slots in place, so it cannot roll "
@@ -194,13 +200,15 @@ class SASCacheLayer(CacheLayerMixin):
         if valid is not None and bool(valid.all()):
             valid = None
         pos = positions_of(valid, self.lengths, L, q.device)
+        # the lengths after this call, on the host: no device sync without padding
         count = L if valid is None else valid.sum(dim=1)
-        longest = int((self.lengths + count).max())
+        after = [n + L for n in self.host_lengths] if valid is None else (self.lengths + count).tolist()
+        longest = max(after)
         rt = self.runtime
         if longest > rt.max_len:
             raise IntegrationError(f"{where}: a row reaches {longest} tokens but the pattern was analysed for "
                                    f"max_len={rt.max_len}; pass a larger max_len to sas_attention")
-        first = not bool(self.lengths.any())
+        first = not any(self.host_lengths)
         if rt.is_dynamic:
             out = self._attend_dynamic(where, q, k, v, valid, first, scale)
         elif first:
@@ -214,7 +222,8 @@ class SASCacheLayer(CacheLayerMixin):
                 ex.fill_cache(k, v, self.keys, self.values, positions=pos)
         elif L == 1:
             if rt.use_triton(q):
-                out = rt.triton_decode(q, k, v, self.keys, self.values, pos[:, 0], scale)
+                rows = self.host_lengths if valid is None else pos[:, 0].tolist()
+                out = rt.triton_decode(q, k, v, self.keys, self.values, rows, scale)
             else:
                 ex = rt.executor
                 plan = _memo(memo, (id(rt), "decode"), lambda: ex.decode_plan(pos[:, 0], B))
@@ -224,6 +233,7 @@ class SASCacheLayer(CacheLayerMixin):
             plan = _memo(memo, (id(rt), "chunk"), lambda: ex.chunk_plan(pos, B))
             out = ex.prefill_chunk(q, k, v, self.keys, self.values, pos, scale=scale, plan=plan)
         self.lengths += count
+        self.host_lengths = after
         self.seen += L
         return out
 

@@ -150,11 +150,10 @@ class PatternRuntime:
         return out
 
     def triton_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
-                      past_v: torch.Tensor, pos: torch.Tensor, scale: float | None) -> torch.Tensor:
-        """One token per row at positions `pos` [B] (-1: padding row, output 0)."""
+                      past_v: torch.Tensor, p: list[int], scale: float | None) -> torch.Tensor:
+        """One token per row at positions `p` (a host list of B ints; -1: padding row, output 0)."""
         ker = self.kernel
         q, k, v = self._kernel_q(q, scale), k.contiguous(), v.contiguous()
-        p = pos.tolist()
         if min(p) >= 0 and len(set(p)) == 1:
             return ker(q, k, v, past_k, past_v, position=p[0])
         out = torch.zeros_like(q)
