@@ -109,6 +109,15 @@ def local_bytes(model: Any, skip_input_embedding: bool = True) -> int:
     return total
 
 
+def nccl_ms_per_step(rec: StepRecorder) -> float | None:
+    """Device time of NCCL kernels per profiled step: a rank's all-reduce kernel runs until the
+    other rank arrives, so it counts waiting as busy; busy minus this is the rank's compute."""
+    if rec.prof is None or not rec.profiled:
+        return None
+    us = sum(e.self_device_time_total for e in rec.prof.key_averages() if "nccl" in e.key.lower())
+    return us / 1e3 / rec.profiled
+
+
 def gather(value: Any) -> list[Any]:
     n, _ = world()
     if n == 1:
@@ -184,6 +193,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
             row["host_ms_per_step"] = statistics.median(rec.host_ms(args.warm, rec.profiled))
             busy = rec.gpu_busy_ms_per_step()
             row["gpu_busy_ms_per_step_per_rank"] = gather(busy)
+            row["nccl_ms_per_step_per_rank"] = gather(nccl_ms_per_step(rec))
             row["tokens_per_s"] = args.batch * 1e3 / row["ms_per_token"]
             row["prefill_ms"] = t0.elapsed_time(rec.events[0])
             cache = out.past_key_values
@@ -236,8 +246,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def busy(row: dict[str, Any]) -> str:
-    values = [b for b in row.get("gpu_busy_ms_per_step_per_rank") or [] if b is not None]
-    return f"{max(values):.2f}" if values else "-"
+    """GPU busy ms per step of each rank (`r0 / r1`), and of its NCCL kernels where recorded."""
+    values = row.get("gpu_busy_ms_per_step_per_rank") or []
+    nccl = row.get("nccl_ms_per_step_per_rank") or [None] * len(values)
+    parts = [("-" if b is None else f"{b:.1f}") + ("" if n is None else f" (nccl {n:.1f})")
+             for b, n in zip(values, nccl)]
+    return " / ".join(parts) if parts else "-"
 
 
 def report(one_path: str, two_path: str, out: str | None) -> str:
@@ -245,7 +259,7 @@ def report(one_path: str, two_path: str, out: str | None) -> str:
     lines = [f"{two['meta']['device']}, {two['meta']['date']}, Llama-3.1-8B-shaped, {two['meta']['layers']} layers, "
              f"random weights, bf16, eager decode",
              "", "| variant | GPUs | context | batch | ms/token | tokens/s | 2 GPUs / 1 GPU | vs sdpa (same GPUs) | "
-             "GPU busy ms/step | KV MiB per GPU | weights GiB per GPU | peak GiB per GPU (prefill / decode) | floor ms |",
+             "GPU busy ms/step per rank | KV MiB per GPU | weights GiB per GPU | peak GiB per GPU (prefill / decode) | floor ms |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = {(r["gpus"], r["variant"]): r for run_ in (one, two) for r in run_["speed"] if "error" not in r}
     for run_ in (one, two):
