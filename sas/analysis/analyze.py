@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -11,6 +12,7 @@ import numpy as np
 from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
 from sas.analysis.events import CacheEvent, derive_events
 from sas.analysis.functions import compile_functions, synthesize
+from sas.analysis.simplify import ReadableFunctions, readable_functions
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.slots import Scheme, TableScheme, cache_ids, choose_scheme, greedy_table
@@ -44,7 +46,17 @@ class Analysis:
 
     @property
     def source(self) -> str:
+        """The synthesized functions as built (what the kernels are generated from)."""
         return ast.unparse(self.functions)
+
+    @functools.cached_property
+    def readable(self) -> ReadableFunctions:
+        """The functions simplified with sympy for reading, checked equal to `functions`
+        (`sas.analysis.simplify`); computed on first use."""
+        s = self.structure
+        return readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
+                                  cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
+                                  period=int(s.P or 1) if s.periodic else 1)
 
     def function_ast(self, name: str) -> ast.FunctionDef:
         for node in self.functions.body:

@@ -195,18 +195,19 @@ def _ratio(cache: int, dense: int) -> str:
     return f"{dense / cache:.1f}x smaller, {100.0 * (1 - cache / dense):.1f}% saved"
 
 
-def format_inspect(a: Any) -> str:
-    """The human-readable report of an `Analysis`."""
+def format_inspect(a: Any, synthesized: bool = False) -> str:
+    """The human-readable report of an `Analysis` (`synthesized`: the functions as built,
+    else simplified for reading)."""
     lines = [
         f"pattern:      {a.pattern!r}",
         f"max_len:      {a.max_len}",
         f"KV cache:     {a.cache_size} slots (dense: {a.max_len}; {_ratio(a.cache_size, a.max_len)})",
     ]
-    lines += _analysis_body(a)
+    lines += _analysis_body(a, synthesized)
     return "\n".join(lines) + "\n"
 
 
-def _analysis_body(a: Any) -> list[str]:
+def _analysis_body(a: Any, synthesized: bool = False) -> list[str]:
     """Everything `format_inspect` prints after the KV-cache line."""
     s = a.structure
     lines: list[str] = []
@@ -229,9 +230,15 @@ def _analysis_body(a: Any) -> list[str]:
     lines.append(f"cache events ({len(a.events)}):")
     lines += [f"  {e.describe()}" for e in a.events] or ["  (none: no periodic decomposition)"]
     lines.append("")
-    lines.append("synthesized functions:")
+    if synthesized:
+        lines.append("synthesized functions (as built, unsimplified):")
+        source = a.source
+    else:
+        r = a.readable
+        lines.append(f"synthesized functions ({r.note}; --synthesized prints them as built):")
+        source = r.source
     lines.append("")
-    lines += ["    " + ln if ln else "" for ln in abbreviate_tables(a.source).splitlines()]
+    lines += ["    " + ln if ln else "" for ln in abbreviate_tables(source).splitlines()]
     return lines
 
 
@@ -378,7 +385,7 @@ def inspect_dynamic(pattern: Any, max_len: int, plan: Any = None) -> DynamicInsp
                              why)
 
 
-def format_dynamic_inspect(d: DynamicInspection) -> str:
+def format_dynamic_inspect(d: DynamicInspection, synthesized: bool = False) -> str:
     """The human-readable report of a pattern with a Dynamic component."""
     plan, n = d.plan, d.max_len
     cap = (f"{plan.capacity} candidate keys at most at once" if plan.capacity is not None
@@ -432,7 +439,7 @@ def format_dynamic_inspect(d: DynamicInspection) -> str:
         a = d.static
         lines.append(f"static part analysis (sas.analyze({plan.static!r})):")
         lines.append(f"KV cache:     {a.cache_size} static slots (dense: {n}; {_ratio(a.cache_size, n)})")
-        lines += _analysis_body(a)
+        lines += _analysis_body(a, synthesized)
     return "\n".join(lines) + "\n"
 
 
@@ -471,7 +478,9 @@ _max_len_option = click.option(
 @click.argument("pattern", metavar="PATTERN")
 @_max_len_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full analysis report as JSON.")
-def inspect(pattern: str, max_len: int, as_json: bool) -> None:
+@click.option("--synthesized", is_flag=True,
+              help="Print the functions as synthesized (what the kernels are built from), not simplified.")
+def inspect(pattern: str, max_len: int, as_json: bool, synthesized: bool) -> None:
     """Print what the static analysis derives for PATTERN.
 
     The minimal KV-cache size (against the dense cache of max_len slots), the slot scheme
@@ -490,15 +499,17 @@ def inspect(pattern: str, max_len: int, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps({**d.report(), "queries_without_keys": empty.report()}, indent=2))
         else:
-            click.echo(format_dynamic_inspect(d), nl=False)
+            click.echo(format_dynamic_inspect(d, synthesized), nl=False)
     else:
         analysis = _analyze(p, max_len)
         empty = empty_rows(p, max_len, analysis.structure)
         if as_json:
-            click.echo(json.dumps({**analysis.report(), "dynamic": False,
+            readable = analysis.readable
+            click.echo(json.dumps({**analysis.report(), "dynamic": False, "readable_source": readable.source,
+                                   "readable_note": readable.note,
                                    "queries_without_keys": empty.report()}, indent=2))
         else:
-            click.echo(format_inspect(analysis), nl=False)
+            click.echo(format_inspect(analysis, synthesized), nl=False)
     _warn_empty_rows(empty)
 
 

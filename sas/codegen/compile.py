@@ -191,7 +191,9 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
         report["scheme"] = str(getattr(analysis, "scheme", ""))
         report["closed_form"] = bool(getattr(analysis, "closed_form", not analysis.tables))
         report["tables"] = {k: len(v) for k, v in analysis.tables.items()}
-        report["functions_source"] = analysis.source
+        report["functions_source"] = analysis.readable.source
+        report["functions_source_note"] = analysis.readable.note
+        report["functions_source_synthesized"] = analysis.source
         report["kv_cache_bytes"] = per_slot * int(analysis.cache_size)
         report["dense_kv_cache_bytes"] = per_slot * max_len
         notes = list(getattr(analysis, "notes", ()) or ())

@@ -1,0 +1,109 @@
+"""Readable synthesized functions (sas.analysis.simplify): simplified with sympy, checked
+equal to the functions as synthesized, and decoding exactly the oracle's keys."""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import pytest
+from analysis_checks import decode_with_functions
+from helpers.examples import TABLE1_NAMES, example_pattern
+from helpers.table1 import TABLE1_ANALYSIS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import causal_patterns
+
+import sas.analysis.simplify as simplify
+from sas import Causal, Diag, Rect, analyze
+from sas.analysis.functions import compile_functions
+
+
+def _function_source(source: str, name: str) -> str:
+    mod = ast.parse(source)
+    return next(ast.unparse(f) for f in mod.body if isinstance(f, ast.FunctionDef) and f.name == name)
+
+
+def _exhaustive_equal(a, n: int) -> None:
+    """The readable functions equal the synthesized ones on every slot and token (Python ints)."""
+    fa, fb = compile_functions(a.functions), compile_functions(a.readable.module)
+    for j in range(-2, n + 2):
+        assert fa["cache_id_func"](j) == fb["cache_id_func"](j), j
+    for s in range(-1, a.cache_size + 1):
+        for i in range(-1, n + 1):
+            assert fa["slot_key_func"](s, i) == fb["slot_key_func"](s, i), (s, i)
+            assert bool(fa["mask_func"](s, i)) == bool(fb["mask_func"](s, i)), (s, i)
+
+
+def test_streaming_llm_mask_tests_each_condition_once() -> None:
+    a = analyze((Diag(0, 1024) + Rect(cols=(0, 32))) * Causal(), 16384)
+    r = a.readable
+    assert r.simplified, r.note
+    mask = _function_source(r.source, "mask_func")
+    assert mask.splitlines()[-1].strip() == "return key >= 0 and (token_id - key < 1024 or key < 32)"
+    assert _function_source(a.source, "mask_func").count("token_id - key >= 0") == 2   # the redundancy removed
+    cid = _function_source(r.source, "cache_id_func")
+    assert ("(token_id if token_id < 32 else 32 + (token_id - 32) % 1024) if 0 <= token_id < 16384 else -1"
+            in cid)
+
+
+@pytest.mark.parametrize("name", TABLE1_NAMES)
+def test_table1_readable_functions_check_out_and_are_shorter(name: str) -> None:
+    a = analyze(example_pattern(name), 16384)
+    r = a.readable
+    assert r.simplified, r.note
+    assert len(r.source) < len(a.source)
+    assert "equal to the synthesized functions" in r.note
+
+
+@pytest.mark.parametrize("name", TABLE1_NAMES)
+def test_table1_small_readable_functions_decode_the_mask(name: str) -> None:
+    p = TABLE1_ANALYSIS[name]
+    n = 120
+    a = analyze(p, n)
+    assert a.readable.simplified, a.readable.note
+    _exhaustive_equal(a, n)
+    f = compile_functions(a.readable.module)
+    decode_with_functions(a, p.to_mask(n), f["cache_id_func"], f["slot_key_func"], f["mask_func"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(causal_patterns(max_depth=4), st.integers(1, 48))
+def test_random_readable_functions_equal_and_decode_the_mask(p, n: int) -> None:
+    mask = p.to_mask(n)
+    if not mask.any():
+        return
+    a = analyze(p, n)
+    r = a.readable
+    if not a.closed_form:
+        assert not r.simplified and r.source == a.source
+        return
+    assert r.simplified, r.note
+    _exhaustive_equal(a, n)
+    f = compile_functions(r.module)
+    decode_with_functions(a, mask, f["cache_id_func"], f["slot_key_func"], f["mask_func"])
+
+
+def test_a_wrong_simplification_is_caught_and_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = simplify.simplify_module
+
+    def broken(mod: ast.Module) -> ast.Module:
+        out = original(mod)
+        for node in ast.walk(out):
+            if isinstance(node, ast.Constant) and node.value == 1024:
+                node.value = 1023
+        return out
+
+    monkeypatch.setattr(simplify, "simplify_module", broken)
+    a = analyze((Diag(0, 1024) + Rect(cols=(0, 32))) * Causal(), 8192)
+    r = a.readable
+    assert not r.simplified and r.source == a.source
+    assert "did not check out" in r.note and "differs" in r.note
+
+
+def test_check_rows_cover_boundary_periods_and_the_end() -> None:
+    rows = simplify.check_rows(max_len=100_000, cache_size=64, boundary=32, period=8)
+    assert rows[0] == -1 and {0, 31, 32, 100, 99_999, 100_000} <= set(rows.tolist())
+    big = simplify.check_rows(max_len=1 << 20, cache_size=1 << 15, boundary=0, period=1 << 14)
+    assert len(big) * ((1 << 15) + 2) <= 2 * simplify.MAX_CHECK_POINTS and big[-1] == 1 << 20
+    assert np.all(np.diff(big) > 0)
