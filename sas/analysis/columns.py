@@ -14,6 +14,7 @@ N, is it attended "forever") are answered from these arrays, never by scanning N
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,12 +57,12 @@ class ColumnShapes:
         j = np.asarray(j, dtype=np.int64)
         return np.where(j < self.T, j, self.T + (j - self.T) % self.P)
 
-    @property
+    @functools.cached_property
     def ever_used(self) -> np.ndarray:
         """Per shape: does the column hold any attended cell at all (infinite length)."""
         return self.on.any(axis=1)
 
-    @property
+    @functools.cached_property
     def forever(self) -> np.ndarray:
         """Per shape: is the key attended again and again until the end of any sequence."""
         W = self.on.shape[1]
@@ -69,7 +70,7 @@ class ColumnShapes:
         tail = (d >= self.D[:, None]) & (d < self.D[:, None] + self.Q)
         return (self.on & tail).any(axis=1)
 
-    @property
+    @functools.cached_property
     def last_finite(self) -> np.ndarray:
         """Per shape: last attended distance for columns that are not `forever` (-1 if none)."""
         return self.last_upto[:, -1]

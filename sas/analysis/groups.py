@@ -21,7 +21,7 @@ from shapely import affinity
 from shapely.geometry.base import BaseGeometry
 
 from sas.analysis.columns import ColumnShapes
-from sas.ir.polygons import mask_polygon
+from sas.ir.polygons import Lattice, lattice_geometry
 from sas.lang.pattern import Pattern
 
 
@@ -33,10 +33,16 @@ class Group:
     repeats: int | None         # the group recurs every `repeats` keys (None: once)
     kind: str                   # boundary | periodic | tail
     polygon: BaseGeometry       # cells of the first occurrence (x = key, y = query)
+    #: with a lattice, the polygon covers each attended lattice point's cell (sx x sy)
+    lattice: Lattice | None = None
+    #: first and last + 1 query row with an attended cell (None: no cell)
+    query_bounds: tuple[int, int] | None = None
 
     @property
     def area(self) -> int:
-        return int(round(self.polygon.area))
+        """Attended cells of the first occurrence."""
+        per = self.lattice.cell_area if self.lattice is not None else 1
+        return int(round(self.polygon.area)) // per
 
     @property
     def n_polygons(self) -> int:
@@ -44,9 +50,10 @@ class Group:
 
     def describe(self) -> str:
         rep = f", repeats every {self.repeats} keys" if self.repeats else ""
+        lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
         return (f"group {self.index} ({self.kind}): keys [{self.key_start}, {self.key_stop}){rep}; "
-                f"{self.n_polygons} polygon(s), {self.area} cells, query bounds "
-                f"{tuple(int(v) for v in self.polygon.bounds[1::2]) if not self.polygon.is_empty else ()}")
+                f"{self.n_polygons} polygon(s){lat}, {self.area} cells, query bounds "
+                f"{self.query_bounds if self.query_bounds is not None else ()}")
 
 
 def _profile(cols: ColumnShapes, s: int) -> bytes:
@@ -101,6 +108,10 @@ def decompose(pattern: Pattern, cols: ColumnShapes, n: int, max_groups: int = 64
         rows = np.arange(a, min(n, b + depth), dtype=np.int64)
         keys = np.arange(a, b, dtype=np.int64)
         cells = np.asarray(pattern.evaluate(rows[:, None], keys[None, :]), dtype=bool)
-        poly = mask_polygon(cells)
-        groups.append(Group(k, a, b, rep, kind, affinity.translate(poly, xoff=a, yoff=a)))
+        poly, lat = lattice_geometry(cells)
+        if lat is not None:
+            lat = lat.shifted(a, a)
+        on_rows = np.flatnonzero(cells.any(axis=1))
+        bounds = (a + int(on_rows[0]), a + int(on_rows[-1]) + 1) if len(on_rows) else None
+        groups.append(Group(k, a, b, rep, kind, affinity.translate(poly, xoff=a, yoff=a), lat, bounds))
     return tuple(groups)
