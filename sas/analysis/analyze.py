@@ -15,7 +15,8 @@ from sas.analysis.functions import compile_functions, synthesize
 from sas.analysis.simplify import ReadableFunctions, readable_functions
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
-from sas.analysis.slots import Scheme, TableScheme, cache_ids, choose_scheme, greedy_table
+from sas.analysis.slots import (Scheme, TableScheme, cache_ids, choose_scheme, greedy_table, padded_scheme,
+                                scheme_size)
 from sas.errors import AnalysisError, EmptyPatternError
 from sas.ir.periodicity import Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
@@ -43,6 +44,8 @@ class Analysis:
     mask_func: Callable[[int, int], bool] = field(repr=False)
     _scheme: Scheme = field(repr=False)
     _columns: ColumnShapes | None = field(repr=False)
+    #: the minimal KV-cache size where the closed form in use needs more slots (None: equal)
+    minimal_cache_size: int | None = None
 
     @property
     def source(self) -> str:
@@ -87,6 +90,7 @@ class Analysis:
             "pattern": repr(self.pattern),
             "max_len": self.max_len,
             "cache_size": self.cache_size,
+            "minimal_cache_size": self.cache_size if self.minimal_cache_size is None else self.minimal_cache_size,
             "dense_cache_size": self.max_len,
             "peak_query": self.peak_query,
             "scheme": self.scheme,
@@ -132,6 +136,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         notes.append(f"parameters larger than max_len={n} clamped (exact on positions < {n}): analysed as {pattern!r}")
     st = structure(pattern)
     cols: ColumnShapes | None = None
+    minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:
         bad = upper_triangle_clear(pattern, st)
         if bad is not None:
@@ -142,12 +147,22 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         size, peak = _cache_size(cols, n)
         scheme = choose_scheme(cols, size, n) if size > 0 else None
         if scheme is None and size > 0:
-            if n > TABLE_LIMIT:
+            padded = padded_scheme(cols, size, n) if n > TABLE_LIMIT else None
+            if padded is not None:
+                minimal, size = size, scheme_size(padded)
+                scheme = padded
+                notes.append(
+                    f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed "
+                    f"form found ({padded.name}) uses {size} slots (+{size - minimal}, "
+                    f"{100.0 * (size - minimal) / minimal:.1f}% more): a per-token table would need "
+                    f"{n} entries (tables are used up to max_len {TABLE_LIMIT})")
+            elif n > TABLE_LIMIT:
                 raise AnalysisError(
-                    f"analyze: no closed-form slot scheme fits {user_pattern!r} with {size} slots, and the "
-                    f"per-token table fallback is limited to max_len <= {TABLE_LIMIT} (got {n})")
-            scheme = greedy_table(cols.last_use(np.arange(n), n))
-            notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
+                    f"analyze: no closed-form slot scheme fits {user_pattern!r} with {size} slots or more, and "
+                    f"the per-token table fallback is limited to max_len <= {TABLE_LIMIT} (got {n})")
+            else:
+                scheme = greedy_table(cols.last_use(np.arange(n), n))
+                notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
         events = derive_events(cols)
     else:
         if n > TABLE_LIMIT:
@@ -178,4 +193,4 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     fns = compile_functions(mod)
     return Analysis(user_pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
                     not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
-                    fns["slot_key_func"], fns["mask_func"], scheme, cols)
+                    fns["slot_key_func"], fns["mask_func"], scheme, cols, minimal)

@@ -104,6 +104,50 @@ def _count_below(keys: KeySet, n: int) -> int:
     return int(keys.count_upto(np.array([n - 1]))[0])
 
 
+def _smallest_ring(cols: ColumnShapes, keys: KeySet, lo: int, n: int) -> int | None:
+    """The smallest ring size >= lo that is valid for `keys` (validity only grows with the
+    size: a larger ring puts a key's successor in its slot later); a ring as large as the
+    number of keys below n never wraps, so one always exists for lo <= that number."""
+    hi = _count_below(keys, n)
+    if keys.empty or lo > hi:
+        return None if not keys.empty else 0
+    lo = max(lo, 1)
+    if not _ring_ok(cols, keys, hi, n):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _ring_ok(cols, keys, mid, n):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def padded_scheme(cols: ColumnShapes, C: int, n: int) -> Scheme | None:
+    """The closed-form scheme with the fewest slots above C: one ring over every stored key,
+    or fixed slots for the keys attended to the end plus a ring for the others, each ring as
+    small as is valid (binary search)."""
+    stored = cols.ever_used
+    everything = keyset(cols, stored)
+    best: Scheme | None = None
+    size = _smallest_ring(cols, everything, C + 1, n)
+    if size is not None:
+        best = RingScheme(everything, size)
+    prefix = keyset(cols, stored & cols.forever)
+    ring = keyset(cols, stored & ~cols.forever)
+    F = _count_below(prefix, n)
+    if not ring.empty:
+        R = _smallest_ring(cols, ring, max(1, C + 1 - F), n)
+        if R is not None and (best is None or F + R < best.C):
+            best = PrefixRingScheme(prefix, F, ring, R)
+    return best
+
+
+def scheme_size(scheme: Scheme) -> int:
+    """Slots a scheme uses."""
+    return scheme.F + scheme.R if isinstance(scheme, PrefixRingScheme) else scheme.C
+
+
 def choose_scheme(cols: ColumnShapes, C: int, n: int) -> Scheme | None:
     """The first closed-form scheme that is valid with C slots, or None."""
     stored = cols.ever_used

@@ -203,6 +203,10 @@ def format_inspect(a: Any, synthesized: bool = False) -> str:
         f"max_len:      {a.max_len}",
         f"KV cache:     {a.cache_size} slots (dense: {a.max_len}; {_ratio(a.cache_size, a.max_len)})",
     ]
+    minimal = getattr(a, "minimal_cache_size", None)
+    if minimal is not None:
+        lines.append(f"minimal:      {minimal} slots (no closed form fits them; the smallest closed form needs "
+                     f"+{a.cache_size - minimal})")
     lines += _analysis_body(a, synthesized)
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,75 @@
+"""Closed forms beyond the table limit (sas.analysis.slots.padded_scheme): where no closed
+form fits the minimal cache, the smallest ring / prefix+ring with more slots is used instead
+of a per-token table. The table limit is lowered to 0 here so that small lengths take that
+path; decoding with the functions must still give exactly the oracle's keys."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from analysis_checks import brute_cache_size, decode_with_functions
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import causal_patterns
+
+from sas import Causal, Diag, Rect, analyze
+from sas.errors import AnalysisError
+
+ANALYZE = sys.modules["sas.analysis.analyze"]
+
+
+@pytest.fixture
+def no_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ANALYZE, "TABLE_LIMIT", 0)
+
+
+# patterns that random compositions produced without a closed form at the minimal size
+PADDED = [Diag(2, None) * Causal(), ~Diag(5, 5) * Causal(), Diag(4, None, stride=2) * Causal(),
+          Diag(1, None, stride=4) * Causal(), ~Diag(-1, 5) * Causal()]
+
+
+@pytest.mark.parametrize("p", PADDED, ids=repr)
+def test_padded_closed_forms_decode_the_mask(no_tables: None, p) -> None:
+    n = 96
+    a = analyze(p, n)
+    minimal = brute_cache_size(p.to_mask(n))
+    assert a.closed_form and a.scheme in ("ring", "prefix+ring")
+    assert a.minimal_cache_size == minimal < a.cache_size
+    assert any("smallest closed form" in note and f"{a.cache_size} slots" in note for note in a.notes)
+    assert a.report()["minimal_cache_size"] == minimal
+    decode_with_functions(a, p.to_mask(n))
+
+
+def test_without_the_limit_the_table_keeps_the_minimal_size() -> None:
+    p = Diag(2, None) * Causal()
+    a = analyze(p, 96)
+    assert not a.closed_form and a.cache_size == brute_cache_size(p.to_mask(96)) and a.minimal_cache_size is None
+
+
+def test_long_lengths_are_no_longer_refused() -> None:
+    a = analyze(~Diag(5, 5) * Causal(), 1 << 17)
+    assert a.closed_form and a.minimal_cache_size == (1 << 17) - 5 and a.cache_size == 1 << 17
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=4), st.integers(1, 80))
+def test_random_padded_schemes_decode_the_mask(p, n: int) -> None:
+    mask = p.to_mask(n)
+    if not mask.any():
+        return
+    ANALYZE.TABLE_LIMIT, saved = 0, ANALYZE.TABLE_LIMIT
+    try:
+        try:
+            a = analyze(p, n)
+        except AnalysisError as e:          # only patterns without a periodic description
+            assert "no length-independent periodic description" in str(e)
+            return
+    finally:
+        ANALYZE.TABLE_LIMIT = saved
+    minimal = brute_cache_size(mask)
+    assert a.closed_form
+    assert (a.minimal_cache_size or a.cache_size) == minimal <= a.cache_size
+    decode_with_functions(a, mask)
+    assert np.all(a.cache_ids(n) < a.cache_size)
