@@ -1,8 +1,16 @@
-"""Analysis time of the six paper Table-1 patterns at 16K, 128K and 1M tokens (one CPU core).
+"""Analysis time of the six paper Table-1 patterns at 16K, 128K and 1M tokens (one CPU core),
+and of compositions a user writes next.
 
 Run: `python benchmarks/bench_analysis.py [--markdown]` (the Makefile pins one core with taskset
 where available). Prints cache size, slot scheme and the median wall time of `sas.analyze`
 over a few repeats; never asserted anywhere.
+
+`--random N [--random-max-len L]`: N random compositions of the primitives (windows, strided
+and offset Rects and Diags, spreads, sums, products, NOT, Dynamic regions; the test suite's
+hypothesis strategy `causal_patterns`, derandomized so every run draws the same ones), each
+analysed once at max_len L: how many get a closed form, a padded closed form, a table, are
+empty or refused (and why), and the p50 / p99 / max analysis time. `--hard`: the compositions
+of issue 11 (strided window, chunked attention at 1K..64K, two-scale block-local) at 2^20.
 """
 
 from __future__ import annotations
@@ -14,13 +22,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import platform  # noqa: E402
+import sys  # noqa: E402
+from collections import Counter  # noqa: E402
 import runpy  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from datetime import date  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from sas import analyze  # noqa: E402
+from sas import Causal, Diag, Rect, analyze  # noqa: E402
+from sas.errors import AnalysisError  # noqa: E402
 from sas.ir.periodicity import structure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +43,89 @@ PAPER_TABLE4 = {"streaming_llm": "16K -> 1056", "block_local": "16K -> 384", "sl
                 "strided_block_local": "16K -> 64"}
 
 
+def _timed(pattern, n: int) -> tuple[str, float, str]:
+    """(outcome, seconds, detail) of one analysis."""
+    structure.cache_clear()
+    t0 = time.perf_counter()
+    try:
+        a = analyze(pattern, n)
+    except AnalysisError as e:
+        dt = time.perf_counter() - t0
+        msg = str(e)
+        kind = ("empty" if "attends no key" in msg else "refused: window limit" if "window of" in msg
+                else "refused: no periodic description" if "periodic description" in msg
+                else "refused: no closed form" if "no closed-form" in msg else "refused: other")
+        return kind, dt, msg[:160]
+    dt = time.perf_counter() - t0
+    if not a.closed_form:
+        return "table", dt, f"{a.cache_size} slots"
+    if a.minimal_cache_size is not None:
+        return "padded closed form", dt, f"{a.cache_size} slots, minimal {a.minimal_cache_size}"
+    return "closed form", dt, f"{a.cache_size} slots, {a.scheme}"
+
+
+def random_compositions(count: int, n: int, markdown: bool) -> None:
+    # the test suite's strategy (tests/strategies.py), drawn by a derandomized hypothesis run
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hypothesis import HealthCheck, given, settings
+    from strategies import causal_patterns
+
+    results: list[tuple[str, float, str, str]] = []
+
+    @settings(max_examples=count, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(causal_patterns(max_depth=4))
+    def draw(p) -> None:
+        kind, dt, detail = _timed(p, n)
+        results.append((kind, dt, detail, repr(p)))
+
+    draw()
+    times = sorted(r[1] for r in results)
+    p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(0.99 * len(times)))]
+    counts = Counter(r[0] for r in results)
+    slowest = max(results, key=lambda r: r[1])
+    print(f"{len(results)} random compositions at max_len {n}, measured {date.today()} on "
+          f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, one core\n")
+    print("| outcome | count |\n|---|---:|" if markdown else "outcome: count")
+    for kind, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print(f"| {kind} | {c} |" if markdown else f"  {kind}: {c}")
+    print(f"\nanalysis time: p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms "
+          f"(slowest: {slowest[3][:120]}, {slowest[0]})")
+
+
+HARD = {
+    "strided window Diag(0, 1024, stride=4)": lambda: Diag(0, 1024, stride=4) * Causal(),
+    **{f"chunked attention B={b}": (lambda b=b: (Rect(size=(b, b)) >> Diag(0, 1)) * Causal())
+       for b in (1024, 2048, 4096, 8192, 65536)},
+    "two-scale block-local with strides": lambda: ((Rect(size=(64, 64)) >> Diag(0, 2))
+                                                   + (Rect(size=(16, 16)) >> Diag(0, 4)) * Rect(stride=(1, 2)))
+                                                  * Causal(),
+}
+
+
+def hard_cases(n: int, markdown: bool) -> None:
+    print(f"\ncompositions of issue 11 at max_len {n}:\n")
+    if markdown:
+        print("| pattern | outcome | analyze (s) | detail |\n|---|---|---:|---|")
+    for name, make in HARD.items():
+        kind, dt, detail = _timed(make(), n)
+        print(f"| {name} | {kind} | {dt:.2f} | {detail} |" if markdown else f"{name:45s} {kind:22s} {dt:7.2f} s  {detail}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--random", type=int, default=0, metavar="N", help="N random compositions instead")
+    ap.add_argument("--random-max-len", type=int, default=1 << 20)
+    ap.add_argument("--hard", action="store_true", help="the compositions of issue 11 instead")
     args = ap.parse_args()
+    if args.random or args.hard:
+        if args.random:
+            random_compositions(args.random, args.random_max_len, args.markdown)
+        if args.hard:
+            hard_cases(1 << 20, args.markdown)
+        return
     rows = []
     for name in NAMES:
         pattern = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["pattern"]
