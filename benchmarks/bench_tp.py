@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_models import LLAMA8B, StepRecorder, copy_bandwidth  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessorList  # noqa: E402
+from bench_models import LLAMA8B, StepRecorder, build_llama8b, copy_bandwidth  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessorList  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
 from sas.models import tp_plan_kwargs  # noqa: E402
@@ -73,17 +73,7 @@ def log(msg: str) -> None:
 
 
 def make_model(directory: Path, layers: int) -> None:
-    config = LlamaConfig(num_hidden_layers=layers, **LLAMA8B)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02)
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(directory)
+    build_llama8b(torch.bfloat16, layers).save_pretrained(directory)   # the same weights as bench_models
 
 
 def load(directory: str, dtype: torch.dtype, attn: str = "sdpa") -> Any:
