@@ -133,7 +133,11 @@ def num_sms(device: torch.device) -> int:
 class HeldKeys:
     """For decode modules whose mask is table-driven (`HELD_KEYS`): the key each cache slot
     holds once key `position` is written (-1: empty), from the module's `cache_ids` over its
-    MAX_LEN positions (such tables exist only for short max_len: sas's per-token fallback)."""
+    MAX_LEN positions (such tables exist only for short max_len: sas's per-token fallback).
+
+    The sorted (slot, key) codes live on the device of the query, copied there once; a step
+    runs a searchsorted there and copies nothing from the host (`position` may be an int or
+    a 0-d int64 tensor on that device)."""
 
     def __init__(self, decode_module: ModuleType):
         n, C = int(decode_module.MAX_LEN), max(1, int(decode_module.CACHE_SIZE))
@@ -142,14 +146,22 @@ class HeldKeys:
         ok = cid >= 0
         self._codes = torch.sort(cid[ok] * n + j[ok]).values
         self._n, self._C = n, C
-        self._slots = torch.arange(C, dtype=torch.int64)
+        self._on: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, position: int, device: Any) -> torch.Tensor:
-        n, codes, slots = self._n, self._codes, self._slots
+    def _device(self, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        key = str(device)
+        hit = self._on.get(key)
+        if hit is None:
+            hit = self._on[key] = (self._codes.to(device), torch.arange(self._C, dtype=torch.int64, device=device))
+        return hit
+
+    def __call__(self, position: int | torch.Tensor, device: Any) -> torch.Tensor:
+        n = self._n
+        codes, slots = self._device(device)
         idx = torch.searchsorted(codes, slots * n + position, right=True) - 1
         got = codes[idx.clamp(min=0)] if codes.numel() else torch.full_like(slots, -1)
         held = torch.where((idx >= 0) & (got // n == slots), got % n, -1)
-        return held.to(device=device, dtype=torch.int32)
+        return held.to(torch.int32)
 
 
 # --- the one-call entry of compiled output ------------------------------------------------------
