@@ -303,5 +303,21 @@ def saap_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 __all__ = ["CLASSIFIER_PARTS", "QueryClassifier", "SaapLayer", "SaapReference", "assign", "bucket_mass",
-           "check_probes", "classifier_probs", "fit_layer", "group_scores", "kmeans", "probe",
+           "check_probes", "classifier_probs", "fit_layer", "group_scores", "kmeans", "partition_source", "probe",
            "saap_attention_reference", "train_classifier"]
+
+
+def partition_source(q: torch.Tensor, k: torch.Tensor, centroids: torch.Tensor, w1: torch.Tensor,
+                     b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """The `ops.partition` score source in the chain view: q [B, Hq, Lq, D], k [B, Hkv, Lk, D] ->
+    [B, Hkv, G*Lq, Lk], entry (g*Lq + r, j) = f_q(q[g, r])[bucket(k_j)]; `.sum(dim=1)` then gives
+    each key the group score of its bucket (the sum over the GQA group and the step's queries)."""
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    if hq % hkv:
+        raise KernelError(f"ops.partition: {hq} query heads cannot be grouped onto {hkv} KV heads")
+    SaapLayer(centroids, w1, b1, w2, b2).check(hkv, d, "ops.partition")
+    buckets = assign(k, centroids[None])                                          # [B, Hkv, Lk]
+    probs = classifier_probs(q.reshape(b, hkv, (hq // hkv) * lq, d), w1, b1, w2, b2)   # [B, Hkv, R, C]
+    idx = buckets[:, :, None, :].expand(b, hkv, probs.shape[2], buckets.shape[-1])
+    return probs.gather(3, idx)
