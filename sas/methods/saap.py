@@ -44,9 +44,16 @@ def _sq_dist(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (x * x).sum(-1, keepdim=True) - 2 * x @ c.transpose(-1, -2) + (c * c).sum(-1).unsqueeze(-2)
 
 
-def kmeans(x: torch.Tensor, clusters: int, iters: int = 10, seed: int = 0) -> torch.Tensor:
+def kmeans(x: torch.Tensor, clusters: int, iters: int = 10, seed: int = 0, n_init: int = 1) -> torch.Tensor:
     """Centroids [C, D] of `x` [N, D] (float32): k-means++ initialisation from a seeded generator,
-    then `iters` Lloyd iterations (L2). Needs N >= C."""
+    then `iters` Lloyd iterations (L2); with `n_init` > 1 the run of lowest inertia among
+    `n_init` (seeds seed, seed+1, ...). Needs N >= C."""
+    if isinstance(n_init, bool) or not isinstance(n_init, int) or n_init < 1:
+        raise KernelError(f"kmeans: n_init must be a positive integer, got {n_init!r}")
+    if n_init > 1:
+        runs = [kmeans(x, clusters, iters, seed + r) for r in range(n_init)]
+        inertia = [float(_sq_dist(x.float(), c).amin(-1).sum()) for c in runs]
+        return runs[min(range(n_init), key=inertia.__getitem__)]
     if x.dim() != 2:
         raise KernelError(f"kmeans: x must be [N, D], got shape {tuple(x.shape)}")
     if isinstance(clusters, bool) or not isinstance(clusters, int) or not 1 <= clusters <= x.shape[0]:

@@ -14,6 +14,7 @@ buckets -> one kernel launch (`sas.methods.saap_triton`) -> log-sum-exp merge.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -168,7 +169,9 @@ class SaapDecoder:
         saap_decode_kernel[(b * hkv, s)](
             qc, self.k, self.v, rt, self.bucket_of, mask, self.off, self.idx, probed32,
             o_part, m_part, l_part, self.max_len, c, nr, p, g, d, scale * LOG2E,
-            BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd)
+            BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
+            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
+            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
         out = combine(o_part, m_part, l_part)[:, :g, :d].reshape(b, hq, 1, d).to(q.dtype)
         self.last_looked_up = self._looked_up(i, probed, mask)
         self.steps += 1

@@ -20,7 +20,8 @@ import triton.language as tl
 def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
                        O_PART, M_PART, L_PART,
                        N_CAP, C, NR, P, G, D, qk_scale_log2,
-                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     bh = tl.program_id(0)
     s = tl.program_id(1)
     S = NR + P
@@ -29,6 +30,8 @@ def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED
     row_ok = rows < G
     dim_ok = dims < D
     q = tl.load(Q + (bh * G + rows[:, None]) * D + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter has no bf16 arithmetic: compute in fp32 there
+        q = q.to(tl.float32)
     kv_base = bh.to(tl.int64) * N_CAP * D
     # scalar flags as int32 (0/1), broadcast into vector masks below
     is_b = (s >= NR).to(tl.int32)
@@ -57,7 +60,9 @@ def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED
         keep = inb & (hit != 0)
         k = tl.load(K + kv_base + pos[:, None].to(tl.int64) * D + dims[None, :],
                     mask=keep[:, None] & dim_ok[None, :], other=0.0)
-        sc = tl.dot(q, tl.trans(k)) * qk_scale_log2
+        if UPCAST:
+            k = k.to(tl.float32)
+        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         sc = tl.where(keep[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -66,7 +71,9 @@ def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + kv_base + pos[:, None].to(tl.int64) * D + dims[None, :],
                     mask=keep[:, None] & dim_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     part = (bh * S + s) * BLOCK_G
     tl.store(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :], acc)
