@@ -110,6 +110,19 @@ class SaapDecoder:
         self._rebuild()
         return out
 
+    def fill(self, k: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, length: int) -> None:
+        """Take over caches k, v [B, Hkv, max_len, D] holding `length` tokens and their buckets
+        [B, Hkv, max_len] (benchmarks: any bucket assignment, e.g. balanced), then index them."""
+        if k.shape[2] != self.max_len or v.shape != k.shape or tuple(buckets.shape) != tuple(k.shape[:3]):
+            raise KernelError(f"SaapDecoder.fill: k, v must be [B, Hkv, max_len={self.max_len}, D] and buckets "
+                              f"[B, Hkv, max_len], got {tuple(k.shape)}, {tuple(v.shape)}, {tuple(buckets.shape)}")
+        if not 0 < length <= self.max_len:
+            raise KernelError(f"SaapDecoder.fill: length must be in [1, {self.max_len}], got {length}")
+        self.layer = self.layer.to(k.device)
+        self.k, self.v, self.bucket_of = k, v, buckets.to(torch.int32)
+        self.length = length
+        self._rebuild()
+
     def _rebuild(self) -> None:
         hi = self._region_hi(self.length)          # the region of the next query
         self.off, self.idx = build_csr(self.bucket_of, self.sink, max(self.sink, hi), self.layer.clusters)
@@ -141,9 +154,7 @@ class SaapDecoder:
         i = self.length
         if i >= self.max_len:
             raise KernelError(f"{where}: position {i} is past max_len={self.max_len}")
-        b, hkv, _, d = k.shape
-        hq = q.shape[1]
-        g = hq // hkv
+        hkv = k.shape[1]
         layer = self.layer
         bucket_new = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
         probed = probe(group_scores(q if q_index is None else q_index, layer.classifier, hkv), self.probes)
@@ -152,32 +163,46 @@ class SaapDecoder:
         self.v[:, :, i] = v[:, :, 0]
         self.bucket_of[:, :, i] = bucket_new[:, :, 0]
         self.length = i + 1
-        c = layer.clusters
-        mask = torch.zeros(b, hkv, c, dtype=torch.int8, device=k.device)
-        mask.scatter_(2, probed, 1)
-        ranges = self._ranges(i)
-        nr, p = len(ranges), self.probes
-        rt = torch.tensor(ranges if ranges else [(0, 0, 0)], dtype=torch.int32, device=k.device)
-        bg, bd = _pow2(g, 16), _pow2(d, 16)
-        s = nr + p
-        o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=k.device)
-        m_part = torch.empty(b * hkv, s, bg, dtype=torch.float32, device=k.device)
-        l_part = torch.empty_like(m_part)
-        scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
-        qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
-        probed32 = probed.to(torch.int32).contiguous()
-        saap_decode_kernel[(b * hkv, s)](
-            qc, self.k, self.v, rt, self.bucket_of, mask, self.off, self.idx, probed32,
-            o_part, m_part, l_part, self.max_len, c, nr, p, g, d, scale * LOG2E,
-            BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
-            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
-            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
-        out = combine(o_part, m_part, l_part)[:, :g, :d].reshape(b, hq, 1, d).to(q.dtype)
+        mask = self.probed_mask(probed)
+        out = self.attend(q, probed, mask, self.ranges_tensor(i, k.device))
         self.last_looked_up = self._looked_up(i, probed, mask)
         self.steps += 1
         if self._region_hi(self.length) - self.indexed_hi >= self.rebuild_every:
             self._rebuild()
         return out
+
+    def probed_mask(self, probed: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, C] int8: 1 for the probed buckets."""
+        b, hkv, _ = probed.shape
+        mask = torch.zeros(b, hkv, self.layer.clusters, dtype=torch.int8, device=probed.device)
+        return mask.scatter_(2, probed, 1)
+
+    def ranges_tensor(self, i: int, device) -> torch.Tensor:
+        """The key-position ranges (lo, hi, filtered) of query i, [NR, 3] int32 (NR >= 1)."""
+        ranges = self._ranges(i)
+        return torch.tensor(ranges if ranges else [(0, 0, 0)], dtype=torch.int32, device=device)
+
+    def attend(self, q: torch.Tensor, probed: torch.Tensor, mask: torch.Tensor, ranges: torch.Tensor) -> torch.Tensor:
+        """The kernel launch and merge for one query token over the current cache and index:
+        q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`, ranges from `ranges_tensor`."""
+        b, hkv, _, d = self.k.shape
+        hq = q.shape[1]
+        g = hq // hkv
+        nr, p = ranges.shape[0], probed.shape[-1]
+        bg, bd = _pow2(g, 16), _pow2(d, 16)
+        s = nr + p
+        o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(b * hkv, s, bg, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
+        qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
+        saap_decode_kernel[(b * hkv, s)](
+            qc, self.k, self.v, ranges, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
+            o_part, m_part, l_part, self.max_len, self.layer.clusters, nr, p, g, d, scale * LOG2E,
+            BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
+            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
+            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
+        return combine(o_part, m_part, l_part)[:, :g, :d].reshape(b, hq, 1, d).to(q.dtype)
 
     def _looked_up(self, i: int, probed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Keys attended at step i per (batch, KV head) (a tensor; no host sync)."""
