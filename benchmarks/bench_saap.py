@@ -177,8 +177,7 @@ def timing(dev, small: bool, contexts: list[int], flex: bool, reps: int) -> list
         looked = float(dec.last_looked_up.float().mean())
         probed = probe(group_scores(q, layer.classifier, hkv), probes)
         mask = dec.probed_mask(probed)
-        ranges = dec.ranges_tensor(n - 1, dev)
-        kernel_only = lambda: dec.attend(q, probed, mask, ranges)  # noqa: E731
+        kernel_only = lambda: dec.attend(q, probed, mask, n - 1)  # noqa: E731
         # the same selection, dense over the allowed keys, as a check at full size
         allowed = torch.zeros(1, hkv, n, dtype=torch.bool, device=dev)
         allowed[..., :1] = True

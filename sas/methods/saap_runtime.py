@@ -20,7 +20,7 @@ import torch
 
 from sas.errors import KernelError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
-from sas.methods.saap_triton import saap_decode_kernel
+from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
 
 LOG2E = 1.4426950408889634
 DENSE_CHUNK = 256
@@ -28,16 +28,6 @@ DENSE_CHUNK = 256
 
 def _pow2(x: int, least: int = 1) -> int:
     return max(least, 1 << max(0, (x - 1).bit_length()))
-
-
-def combine(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """Merge split partials: o [BH, S, BG, BD], m, l [BH, S, BG] (log2 domain) -> [BH, BG, BD]."""
-    mx = m.amax(1, keepdim=True)
-    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
-    w = torch.exp2(m - mx)
-    num = (w[..., None] * o).sum(1)
-    den = (w * l).sum(1)
-    return num / den.clamp_min(1e-30)[..., None]
 
 
 def build_csr(bucket_of: torch.Tensor, lo: int, hi: int, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,22 +46,23 @@ class SaapDecoder:
     """One layer's Saap decode state and launches (one sequence batch)."""
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
-                 rebuild_every: int = 64, block_n: int = 64, scale: float | None = None):
+                 rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK,
+                 scale: float | None = None):
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
-                               ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16)):
+                               ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1)):
             if isinstance(x, bool) or not isinstance(x, int) or x < least:
                 raise KernelError(f"SaapDecoder: {name} must be an integer >= {least}, got {x!r}")
         self.sink, self.window, self.max_len = sink, window, max_len
-        self.rebuild_every, self.block_n, self.scale = rebuild_every, block_n, scale
+        self.rebuild_every, self.block_n, self.chunk, self.scale = rebuild_every, block_n, chunk, scale
         self.reset()
 
     def reset(self) -> None:
         self.k = self.v = self.bucket_of = self.off = self.idx = None
         self.length = 0
         self.indexed_hi = self.sink
-        self.last_looked_up: torch.Tensor | None = None
+        self._last_step: tuple | None = None
         self.steps = 0
 
     # region of query i: keys [sink, i - window + 1)
@@ -128,17 +119,6 @@ class SaapDecoder:
         self.off, self.idx = build_csr(self.bucket_of, self.sink, max(self.sink, hi), self.layer.clusters)
         self.indexed_hi = max(self.sink, hi)
 
-    def _ranges(self, i: int) -> list[tuple[int, int, int]]:
-        out: list[tuple[int, int, int]] = []
-        if self.sink:
-            out.append((0, min(self.sink, i + 1), 0))
-        w_lo = max(self.sink, i - self.window + 1)
-        for a in range(w_lo, i + 1, DENSE_CHUNK):
-            out.append((a, min(a + DENSE_CHUNK, i + 1), 0))
-        for a in range(self.indexed_hi, self._region_hi(i), DENSE_CHUNK):
-            out.append((a, min(a + DENSE_CHUNK, self._region_hi(i)), 1))
-        return out
-
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_index: torch.Tensor | None = None,
                k_index: torch.Tensor | None = None) -> torch.Tensor:
         """One token at position `length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D] -> [B, Hq, 1, D]."""
@@ -164,8 +144,8 @@ class SaapDecoder:
         self.bucket_of[:, :, i] = bucket_new[:, :, 0]
         self.length = i + 1
         mask = self.probed_mask(probed)
-        out = self.attend(q, probed, mask, self.ranges_tensor(i, k.device))
-        self.last_looked_up = self._looked_up(i, probed, mask)
+        out = self.attend(q, probed, mask, i)
+        self._last_step = (i, probed, mask, self.indexed_hi, self.off)
         self.steps += 1
         if self._region_hi(self.length) - self.indexed_hi >= self.rebuild_every:
             self._rebuild()
@@ -177,18 +157,24 @@ class SaapDecoder:
         mask = torch.zeros(b, hkv, self.layer.clusters, dtype=torch.int8, device=probed.device)
         return mask.scatter_(2, probed, 1)
 
-    def ranges_tensor(self, i: int, device) -> torch.Tensor:
-        """The key-position ranges (lo, hi, filtered) of query i, [NR, 3] int32 (NR >= 1)."""
-        ranges = self._ranges(i)
-        return torch.tensor(ranges if ranges else [(0, 0, 0)], dtype=torch.int32, device=device)
+    def step_args(self, i: int) -> tuple[int, ...]:
+        """The kernel's key ranges for query i: (SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP)."""
+        sink_hi = min(self.sink, i + 1)
+        w_lo, w_hi = max(self.sink, i - self.window + 1), i + 1
+        p_lo, p_hi = self.indexed_hi, self._region_hi(i)
+        n_sp = 1 if sink_hi > 0 else 0
+        n_wp = -(-max(0, w_hi - w_lo) // self.chunk)
+        n_pp = -(-max(0, p_hi - p_lo) // self.chunk)
+        return sink_hi, w_lo, w_hi, p_lo, p_hi, n_sp, n_wp, n_pp
 
-    def attend(self, q: torch.Tensor, probed: torch.Tensor, mask: torch.Tensor, ranges: torch.Tensor) -> torch.Tensor:
-        """The kernel launch and merge for one query token over the current cache and index:
-        q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`, ranges from `ranges_tensor`."""
+    def attend(self, q: torch.Tensor, probed: torch.Tensor, mask: torch.Tensor, i: int) -> torch.Tensor:
+        """The kernel launch and merge for query i over the current cache and index (no host
+        sync, graph-capturable): q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`."""
         b, hkv, _, d = self.k.shape
         hq = q.shape[1]
         g = hq // hkv
-        nr, p = ranges.shape[0], probed.shape[-1]
+        args = self.step_args(i)
+        nr, p = sum(args[5:]), probed.shape[-1]
         bg, bd = _pow2(g, 16), _pow2(d, 16)
         s = nr + p
         o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=q.device)
@@ -197,21 +183,29 @@ class SaapDecoder:
         scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
         qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
         saap_decode_kernel[(b * hkv, s)](
-            qc, self.k, self.v, ranges, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
-            o_part, m_part, l_part, self.max_len, self.layer.clusters, nr, p, g, d, scale * LOG2E,
+            qc, self.k, self.v, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
+            o_part, m_part, l_part, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
+            *args, self.chunk,
             BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
-        return combine(o_part, m_part, l_part)[:, :g, :d].reshape(b, hq, 1, d).to(q.dtype)
+        out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
+        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, g, d, BLOCK_G=bg, BLOCK_D=bd)
+        return out
 
-    def _looked_up(self, i: int, probed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Keys attended at step i per (batch, KV head) (a tensor; no host sync)."""
+    @property
+    def last_looked_up(self) -> torch.Tensor | None:
+        """Keys attended at the last decode step per (batch, KV head), int64 [B, Hkv] (computed
+        on first access from the step's probed buckets and index)."""
+        if self._last_step is None:
+            return None
+        i, probed, mask, lo, off = self._last_step
         dense = min(self.sink, i + 1) + (i + 1 - max(self.sink, i - self.window + 1))
-        off = self.off.long()
+        off = off.long()
         sizes = (off.gather(2, probed + 1) - off.gather(2, probed)).sum(-1)
-        lo, hi = self.indexed_hi, self._region_hi(i)
+        hi = self._region_hi(i)
         pend = mask.long().gather(2, self.bucket_of[..., lo:hi].long()).sum(-1) if hi > lo else 0
         return sizes + pend + dense
 
 
-__all__ = ["SaapDecoder", "build_csr", "combine"]
+__all__ = ["SaapDecoder", "build_csr"]

@@ -1,13 +1,14 @@
 """Saap decode kernel (a plain `@triton.jit` module: nothing in it depends on the pattern, the
 sink and window arrive as key ranges at run time). Host side: `sas.methods.saap_runtime`.
 
-One launch, grid (B * Hkv, NR + P): the first NR programs each run one key-position range
-`[lo, hi)` (the sink, chunks of the recent window, and, `filtered`, chunks of the keys that left
-the window since the CSR index was last rebuilt: those are kept only when their bucket is
-probed); the last P programs each run one probed bucket through the CSR index
+One launch, grid (B * Hkv, NR + P): the first NR = N_SP + N_WP + N_PP programs each run one
+key-position range (the sink [0, SINK_HI), CHUNK-sized pieces of the window [W_LO, W_HI), and,
+filtered, pieces of [P_LO, P_HI): the keys that left the window since the CSR index was last
+rebuilt, kept only when their bucket is probed; all scalars, so a step is graph-capturable); the last P programs each run one probed bucket through the CSR index
 (`idx[off[c]:off[c+1]]`, gathered rows: K and V are not reordered). The G query heads of a KV
 head are the rows of one program. Each program writes its unnormalised output and log2-domain
-row statistics (m, l); `combine` merges the NR + P partials (log-sum-exp) in torch.
+row statistics (m, l); `saap_merge_kernel` merges the NR + P partials (log-sum-exp) and writes
+the output in its dtype.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import triton.language as tl
 
 
 @triton.jit
-def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
+def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
                        O_PART, M_PART, L_PART,
-                       N_CAP, C, NR, P, G, D, qk_scale_log2,
+                       N_CAP, C, P, G, D, qk_scale_log2,
+                       SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP, CHUNK,
                        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     bh = tl.program_id(0)
     s = tl.program_id(1)
+    NR = N_SP + N_WP + N_PP
     S = NR + P
     rows = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
@@ -35,10 +38,14 @@ def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED
     kv_base = bh.to(tl.int64) * N_CAP * D
     # scalar flags as int32 (0/1), broadcast into vector masks below
     is_b = (s >= NR).to(tl.int32)
-    r = tl.maximum(tl.minimum(s, NR - 1), 0)
-    rng_lo = tl.load(RANGES + r * 3 + 0)
-    rng_hi = tl.load(RANGES + r * 3 + 1)
-    filt = tl.load(RANGES + r * 3 + 2) * (1 - is_b)
+    in_w = ((s >= N_SP) & (s < N_SP + N_WP)).to(tl.int32)
+    in_p = ((s >= N_SP + N_WP) & (s < NR)).to(tl.int32)
+    in_s = (s < N_SP).to(tl.int32)
+    w_lo = W_LO + (s - N_SP) * CHUNK
+    p_lo = P_LO + (s - N_SP - N_WP) * CHUNK
+    rng_lo = in_w * w_lo + in_p * p_lo
+    rng_hi = in_s * SINK_HI + in_w * tl.minimum(w_lo + CHUNK, W_HI) + in_p * tl.minimum(p_lo + CHUNK, P_HI)
+    filt = in_p
     c = tl.load(PROBED + bh * P + tl.minimum(tl.maximum(s - NR, 0), P - 1))
     b_lo = tl.load(OFF + bh * (C + 1) + c)
     b_hi = tl.load(OFF + bh * (C + 1) + c + 1)
@@ -79,3 +86,29 @@ def saap_decode_kernel(Q, K, V, RANGES, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED
     tl.store(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_PART + part + rows, m_i)
     tl.store(L_PART + part + rows, l_i)
+
+
+@triton.jit
+def saap_merge_kernel(O_PART, M_PART, L_PART, OUT, S, G, D,
+                      BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    bh = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    m_tot = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_tot = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(0, S):
+        part = (bh * S + s) * BLOCK_G
+        m = tl.load(M_PART + part + rows)
+        l = tl.load(L_PART + part + rows)
+        o = tl.load(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :])
+        m_new = tl.maximum(m_tot, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp2(m_tot - m_safe)
+        b = tl.exp2(m - m_safe)
+        l_tot = l_tot * a + l * b
+        acc = acc * a[:, None] + o * b[:, None]
+        m_tot = m_new
+    out = acc / tl.maximum(l_tot, 1e-30)[:, None]
+    tl.store(OUT + (bh * G + rows[:, None]) * D + dims[None, :], out.to(OUT.dtype.element_ty),
+             mask=(rows[:, None] < G) & (dims[None, :] < D))
