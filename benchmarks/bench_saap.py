@@ -156,7 +156,7 @@ def copy_bandwidth(dev) -> float:
     return 2 * a.numel() / (ms * 1e-3)
 
 
-def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps: int) -> list[dict]:
+def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps: int, split: int) -> list[dict]:
     hq, hkv, d, c = (8, 2, 64, 32) if small else (32, 8, 128, 1024)
     dtype = torch.bfloat16
     window = 64 if small else 2047
@@ -180,7 +180,7 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         perm = torch.stack([torch.randperm(n, generator=g) for _ in range(hkv)])[None]
         buckets = (perm % c).to(dev)
         layer = random_layer(hkv, c, d, hidden=256, seed=1, device=dev)
-        dec = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30)
+        dec = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split)
         dec.fill(k, v, buckets, n - 1)
 
         def saap_step():
@@ -207,7 +207,7 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         qg = q.reshape(1, hkv, gsz, d)
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qg, k, v)  # noqa: E731
         sdpa_gqa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-        row = {"context": n, "heads": hq, "kv_heads": hkv, "head_dim": d, "clusters": c, "probes": probes,
+        row = {"context": n, "split": split, "heads": hq, "kv_heads": hkv, "head_dim": d, "clusters": c, "probes": probes,
                "window": window, "keys_looked_up": looked, "selectivity": looked / n, "max_abs_err_vs_masked_sdpa": err,
                "saap_step_ms": bench_ms(saap_step, reps, graph=True), "saap_step_eager_ms": bench_ms(saap_step, reps),
                "saap_kernel_ms": bench_ms(kernel_only, reps, graph=True),
@@ -244,6 +244,7 @@ def main() -> None:
     ap.add_argument("--contexts", default=None, help="comma list of context lengths (default 64K,128K,256K)")
     ap.add_argument("--layers", default="4,12,20", help="SmolLM2 layers for the recall part")
     ap.add_argument("--topk", type=int, default=32)
+    ap.add_argument("--split", type=int, default=1, help="pieces per probed bucket (kernel programs)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     small = args.small or dev.type != "cuda"
@@ -253,7 +254,7 @@ def main() -> None:
               "torch": torch.__version__, "small": small}
     report["check"] = check(dev, small)
     flex_contexts = {int(x) for x in args.flex_contexts.split(",") if x}
-    report["timing"] = timing(dev, small, contexts, flex_contexts, 20 if small else 200)
+    report["timing"] = timing(dev, small, contexts, flex_contexts, 20 if small else 200, args.split)
     if not args.no_model:
         try:
             report["recall"] = recall(dev, small, [int(x) for x in args.layers.split(",")], args.topk)

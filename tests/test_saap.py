@@ -137,9 +137,9 @@ def test_csr_index_invariants():
 
 # --- the kernel against the exact reference ----------------------------------------------------------
 
-def run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild_every, max_len=None, chunk=256):
+def run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild_every, max_len=None, chunk=256, split=1):
     dec = SaapDecoder(layer, probes, sink=sink, window=window, max_len=max_len or q.shape[2],
-                      rebuild_every=rebuild_every, block_n=16, chunk=chunk)
+                      rebuild_every=rebuild_every, block_n=16, chunk=chunk, split=split)
     outs = [dec.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])]
     looked = []
     for i in range(prefill, q.shape[2]):
@@ -148,17 +148,17 @@ def run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild_every, ma
     return torch.cat(outs, 2), looked, dec
 
 
-@pytest.mark.parametrize("b,hq,hkv,d,c,probes,sink,window,rebuild,chunk", [
-    (1, 4, 2, 16, 8, 3, 1, 8, 3, 256),     # GQA 2, index rebuilt mid-run, pending keys filtered
-    (2, 2, 2, 16, 6, 2, 2, 5, 100, 2),     # MHA, two sinks, never rebuilt; window and pending in 2-key pieces
-    (1, 6, 2, 16, 4, 4, 0, 6, 4, 3),       # no sink; probes = C: the whole causal triangle
+@pytest.mark.parametrize("b,hq,hkv,d,c,probes,sink,window,rebuild,chunk,split", [
+    (1, 4, 2, 16, 8, 3, 1, 8, 3, 256, 1),     # GQA 2, index rebuilt mid-run, pending keys filtered
+    (2, 2, 2, 16, 6, 2, 2, 5, 100, 2, 1),     # MHA, two sinks, never rebuilt; window and pending in 2-key pieces
+    (1, 6, 2, 16, 4, 4, 0, 6, 4, 3, 3),       # no sink; probes = C: the whole causal triangle; buckets in 3 pieces
 ])
-def test_kernel_matches_reference(b, hq, hkv, d, c, probes, sink, window, rebuild, chunk):
+def test_kernel_matches_reference(b, hq, hkv, d, c, probes, sink, window, rebuild, chunk, split):
     n, prefill = 38, 28
     q, k, v = inputs(b, hq, hkv, n, d, seed=hq + d)
     layer = random_layer(hkv, c, d, seed=c)
     ref = saap_attention_reference(q, k, v, layer, probes, sink=sink, window=window, prefill_len=prefill)
-    out, looked, _ = run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild, chunk=chunk)
+    out, looked, _ = run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild, chunk=chunk, split=split)
     assert (out.double() - ref.out).abs().max() < 1e-4
     for step, i in enumerate(range(prefill, n)):
         assert torch.equal(looked[step], ref.looked_up[i])
@@ -184,7 +184,7 @@ def test_kernel_matches_reference_random(sink, window, probes, seed):
     q, k, v = inputs(1, 2, 1, n, 16, seed=seed)
     layer = random_layer(1, c, 16, seed=seed)
     ref = saap_attention_reference(q, k, v, layer, probes, sink=sink, window=window, prefill_len=prefill)
-    out, looked, _ = run_decoder(layer, probes, sink, window, q, k, v, prefill, 3, chunk=2)
+    out, looked, _ = run_decoder(layer, probes, sink, window, q, k, v, prefill, 3, chunk=2, split=2)
     assert (out.double() - ref.out).abs().max() < 1e-4
     assert all(torch.equal(x, ref.looked_up[prefill + s]) for s, x in enumerate(looked))
 

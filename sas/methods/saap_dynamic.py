@@ -64,7 +64,7 @@ class SaapDynamicRuntime:
     """The `DynamicRuntime` stand-in for `ops.partition` patterns (same interface for
     `SASAttnKernel`: prefill, decode, reset, state with .k/.v, length)."""
 
-    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any], *, rebuild_every: int = 64):
+    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any], *, rebuild_every: int = 64, split: int = 1):
         split = plan.split
         nodes = split.dynamic.score.nodes
         args = dict(nodes[0].args)
@@ -95,7 +95,7 @@ class SaapDynamicRuntime:
         self.max_len = plan.max_len
         self.sink, self.window = sink_window(split, plan.max_len)
         self.decoder = SaapDecoder(self.layer, self.probes, sink=self.sink, window=self.window,
-                                   max_len=plan.max_len, rebuild_every=rebuild_every)
+                                   max_len=plan.max_len, rebuild_every=rebuild_every, split=split)
 
     def reset(self) -> None:
         self.decoder.reset()
@@ -119,7 +119,8 @@ class SaapDynamicRuntime:
 
     def report(self) -> dict[str, Any]:
         return {"method": "saap", "sink": self.sink, "window": self.window, "probes": self.probes,
-                "clusters": self.layer.clusters, "rebuild_every": self.decoder.rebuild_every}
+                "clusters": self.layer.clusters, "rebuild_every": self.decoder.rebuild_every,
+                "split": self.decoder.split}
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **index: torch.Tensor) -> torch.Tensor:
         return self.decoder.prefill(q, k, v, **index)

@@ -46,16 +46,18 @@ class SaapDecoder:
     """One layer's Saap decode state and launches (one sequence batch)."""
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
-                 rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK,
+                 rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
                  scale: float | None = None):
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
-                               ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1)):
+                               ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1),
+                               ("split", split, 1)):
             if isinstance(x, bool) or not isinstance(x, int) or x < least:
                 raise KernelError(f"SaapDecoder: {name} must be an integer >= {least}, got {x!r}")
         self.sink, self.window, self.max_len = sink, window, max_len
         self.rebuild_every, self.block_n, self.chunk, self.scale = rebuild_every, block_n, chunk, scale
+        self.split = split
         self.reset()
 
     def reset(self) -> None:
@@ -176,7 +178,7 @@ class SaapDecoder:
         args = self.step_args(i)
         nr, p = sum(args[5:]), probed.shape[-1]
         bg, bd = _pow2(g, 16), _pow2(d, 16)
-        s = nr + p
+        s = nr + p * self.split
         o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=q.device)
         m_part = torch.empty(b * hkv, s, bg, dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m_part)
@@ -185,7 +187,7 @@ class SaapDecoder:
         saap_decode_kernel[(b * hkv, s)](
             qc, self.k, self.v, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
             o_part, m_part, l_part, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
-            *args, self.chunk,
+            *args, self.chunk, self.split,
             BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")

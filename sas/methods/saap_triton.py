@@ -21,13 +21,13 @@ import triton.language as tl
 def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
                        O_PART, M_PART, L_PART,
                        N_CAP, C, P, G, D, qk_scale_log2,
-                       SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP, CHUNK,
+                       SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP, CHUNK, SPLIT,
                        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     bh = tl.program_id(0)
     s = tl.program_id(1)
     NR = N_SP + N_WP + N_PP
-    S = NR + P
+    S = NR + P * SPLIT
     rows = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     row_ok = rows < G
@@ -46,9 +46,13 @@ def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
     rng_lo = in_w * w_lo + in_p * p_lo
     rng_hi = in_s * SINK_HI + in_w * tl.minimum(w_lo + CHUNK, W_HI) + in_p * tl.minimum(p_lo + CHUNK, P_HI)
     filt = in_p
-    c = tl.load(PROBED + bh * P + tl.minimum(tl.maximum(s - NR, 0), P - 1))
-    b_lo = tl.load(OFF + bh * (C + 1) + c)
-    b_hi = tl.load(OFF + bh * (C + 1) + c + 1)
+    bp = tl.maximum(s - NR, 0)                 # bucket program: piece bp % SPLIT of probe bp // SPLIT
+    c = tl.load(PROBED + bh * P + tl.minimum(bp // SPLIT, P - 1))
+    c_lo = tl.load(OFF + bh * (C + 1) + c)
+    c_hi = tl.load(OFF + bh * (C + 1) + c + 1)
+    piece = (c_hi - c_lo + SPLIT - 1) // SPLIT
+    b_lo = tl.minimum(c_lo + (bp % SPLIT) * piece, c_hi)
+    b_hi = tl.minimum(b_lo + piece, c_hi)
     lo = b_lo * is_b + rng_lo * (1 - is_b)
     hi = b_hi * is_b + rng_hi * (1 - is_b)
 
