@@ -142,13 +142,11 @@ def train_classifier(q: torch.Tensor, targets: torch.Tensor, hidden: int = 256, 
                           f"part, got {q.shape[0]}")
     torch.manual_seed(seed)
     g = torch.Generator(device="cpu").manual_seed(seed)
-    clf = QueryClassifier(q.shape[1], hidden, targets.shape[1])
+    clf = QueryClassifier(q.shape[1], hidden, targets.shape[1]).to(q.device)
     opt = torch.optim.Adam(clf.parameters(), lr=lr)
     clf.train()
     for _ in range(steps):
-        idx = torch.randint(q.shape[0], (min(batch, q.shape[0]),), generator=g)
-        if idx.numel() < 2:
-            idx = torch.arange(q.shape[0])
+        idx = torch.randint(q.shape[0], (min(batch, q.shape[0]),), generator=g).to(q.device)
         logp = F.log_softmax(clf(q[idx]), -1)
         loss = F.kl_div(logp, targets[idx], reduction="batchmean")
         opt.zero_grad()
@@ -233,8 +231,8 @@ def fit_layer(q_index: torch.Tensor, k_index: torch.Tensor, q_attn: torch.Tensor
     long-range training); queries with no such key are dropped."""
     hq, n, d = q_index.shape
     g = hq // num_kv_heads
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
+    i = torch.arange(n, device=q_index.device)[:, None]
+    j = torch.arange(n, device=q_index.device)[None, :]
     region = (j <= i) & (j >= sink) & (j <= i - window)
     cents, parts = [], []
     for h in range(num_kv_heads):

@@ -56,7 +56,8 @@ def _attention_modules(model: Any) -> list[Any]:
 
 
 def capture_qk(model: Any, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, Captured]:
-    """Pre- and post-RoPE queries and keys of `layers` for one sequence input_ids [1, N]."""
+    """Pre- and post-RoPE queries and keys of `layers` for one sequence input_ids [1, N] (float32,
+    on the model's device)."""
     # transformers is an optional heavy dependency: imported where a model is already loaded.
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -86,7 +87,7 @@ def capture_qk(model: Any, input_ids: torch.Tensor, layers: Sequence[int]) -> di
         k = got[(i, "k_proj")].view(1, n, hkv, d).transpose(1, 2)
         cos, sin = model.model.rotary_emb(q, pos)
         qp, kp = apply_rotary_pos_emb(q, k, cos, sin)
-        out[i] = Captured(q[0].float().cpu(), k[0].float().cpu(), qp[0].float().cpu(), kp[0].float().cpu())
+        out[i] = Captured(q[0].float(), k[0].float(), qp[0].float(), kp[0].float())
     return out
 
 
