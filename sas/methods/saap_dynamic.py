@@ -64,7 +64,7 @@ class SaapDynamicRuntime:
     """The `DynamicRuntime` stand-in for `ops.partition` patterns (same interface for
     `SASAttnKernel`: prefill, decode, reset, state with .k/.v, length)."""
 
-    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any], *, rebuild_every: int = 64, split: int = 1):
+    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any], *, rebuild_every: int = 64, pieces: int = 1):
         split = plan.split
         nodes = split.dynamic.score.nodes
         args = dict(nodes[0].args)
@@ -95,7 +95,7 @@ class SaapDynamicRuntime:
         self.max_len = plan.max_len
         self.sink, self.window = sink_window(split, plan.max_len)
         self.decoder = SaapDecoder(self.layer, self.probes, sink=self.sink, window=self.window,
-                                   max_len=plan.max_len, rebuild_every=rebuild_every, split=split)
+                                   max_len=plan.max_len, rebuild_every=rebuild_every, split=pieces)
 
     def reset(self) -> None:
         self.decoder.reset()
