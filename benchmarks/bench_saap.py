@@ -207,20 +207,24 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         qg = q.reshape(1, hkv, gsz, d)
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qg, k, v)  # noqa: E731
         sdpa_gqa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-        row = {"context": n, "split": split, "heads": hq, "kv_heads": hkv, "head_dim": d, "clusters": c, "probes": probes,
-               "window": window, "keys_looked_up": looked, "selectivity": looked / n, "max_abs_err_vs_masked_sdpa": err,
-               "saap_step_ms": bench_ms(saap_step, reps, graph=True), "saap_step_eager_ms": bench_ms(saap_step, reps),
-               "saap_kernel_ms": bench_ms(kernel_only, reps, graph=True),
-               "sdpa_dense_ms": bench_ms(sdpa, reps, graph=True), "sdpa_enable_gqa_ms": bench_ms(sdpa_gqa, reps, graph=True),
-               "kv_bytes_dense": 2 * k.numel() * k.element_size(),
+        row = {"context": n, "split": split, "heads": hq, "kv_heads": hkv, "head_dim": d, "clusters": c,
+               "probes": probes, "window": window, "keys_looked_up": looked, "selectivity": looked / n,
+               "max_abs_err_vs_masked_sdpa": err, "kv_bytes_dense": 2 * k.numel() * k.element_size(),
                "timing": "CUDA-graph replay of one step at position n-1 (triton do_bench_cudagraph, median); "
-                         "saap_step_eager_ms: the eager call with its host work"}
+                         "*_eager_ms: eager calls (Saap: with its host work); Flex: eager call of the compiled function"}
+        # eager timings first: a failed graph capture must not spoil them
+        row["saap_step_eager_ms"] = bench_ms(saap_step, reps)
+        row["sdpa_dense_eager_ms"] = bench_ms(sdpa, reps)
         if flex_fn is not None and n in flex_contexts:
             try:
                 flex_fn(qg, k, v)   # compile outside the timing
-                row["flex_dense_ms"] = bench_ms(lambda: flex_fn(qg, k, v), reps, graph=True)
+                row["flex_dense_ms"] = bench_ms(lambda: flex_fn(qg, k, v), reps)
             except Exception as e:  # noqa: BLE001
                 row["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        row["saap_step_ms"] = bench_ms(saap_step, reps, graph=True)
+        row["saap_kernel_ms"] = bench_ms(kernel_only, reps, graph=True)
+        row["sdpa_dense_ms"] = bench_ms(sdpa, reps, graph=True)
+        row["sdpa_enable_gqa_ms"] = bench_ms(sdpa_gqa, reps, graph=True)
         best = min(row["sdpa_dense_ms"], row["sdpa_enable_gqa_ms"])     # the faster SDPA form is the baseline
         row["sdpa_best_ms"] = best
         row["speedup_step_vs_sdpa"] = best / row["saap_step_ms"]
