@@ -329,7 +329,6 @@ def test_external_source():
 
 @pytest.mark.parametrize("chain,word", [
     (lambda: ops.attn_score().sample(n=8).sum(dim=1), "SANTA"),
-    (lambda: ops.partition(centroids="cent", classifier="clf", probes=4).sum(dim=1), "Saap"),
     (lambda: ops.reuse(layer=0), "Kascade"),
     (lambda: ops.reuse(layer="anchor0", head_map=(0, 0, 1)), "Kascade"),
 ])

@@ -639,6 +639,8 @@ from sas.cli.model_commands import evaluate, generate  # noqa: E402  (`sas gener
 
 cli.add_command(generate)
 cli.add_command(evaluate)
+from sas.cli.train_commands import train  # noqa: E402,I001  (`sas train`: Saap state, docs/cli.md)
+cli.add_command(train)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

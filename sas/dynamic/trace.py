@@ -41,6 +41,7 @@ from sas.errors import KernelError, NotYetSupportedError, PatternError, SASError
 from sas.lang import ops as ops_mod
 from sas.lang import sym as sym_mod
 from sas.lang.ops import OpChain, OpNode
+from sas.methods import saap as saap_mod
 
 # Axis labels of the chain view (batch implicit).
 HEAD, QUERY, KEY = "Hkv", "G*Lq", "Lk"
@@ -51,8 +52,6 @@ _REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 _DESIGN_ONLY = {
     "sample": "SANTA-style value sampling (ops...sample) changes how values are aggregated, not "
               "only which keys are kept",
-    "partition": "Saap-style partitioned key selection (ops.partition) needs bucket indexes kept "
-                 "beside the KV cache",
     "reuse": "Kascade-style selection reuse across layers (ops.reuse) needs state shared between "
              "the kernels of several layers",
 }
@@ -276,12 +275,33 @@ class _Tracer:
             node = self.call(score_ops.fold_heads, (ph, self.ph["k"]), op=f"external({name!r})", kind="source")
             node.meta["sas_source"] = "external"
             return node, SOURCE_LABELS
+        if n.name == "partition":
+            return self.partition(a, where), SOURCE_LABELS
         if n.name in _DESIGN_ONLY:
             raise NotYetSupportedError(
                 f"score op {where}: {_DESIGN_ONLY[n.name]}; it is designed (docs/dynamic.md) but not "
                 f"executable yet")
         raise PatternError(f"score chain {self.root_chain!r}: {where} cannot start a chain; a chain starts "
                            f"with ops.attn_score(), ops.external(...) or a registered custom op")
+
+    def partition(self, a: dict, where: str) -> fx.Node:
+        """Saap: `other_inputs[centroids]` [Hkv, C, D] and the folded classifier
+        `other_inputs[classifier + "_w1" | "_b1" | "_w2" | "_b2"]` (sas.methods.saap); the source
+        value of (query, key) is the classifier probability of the key's bucket."""
+        names = [a["centroids"]] + [f"{a['classifier']}_{part}" for part in saap_mod.CLASSIFIER_PARTS]
+        nodes = []
+        for name in names:
+            if name in self.externals:
+                raise PatternError(f"score op {where}: {name!r} is already an external score (ops.external); a "
+                                   f"tensor name has one role")
+            self.weights.setdefault(name, None)
+            node = self._named_input("w_" + name, f"Saap state {name!r}")
+            node.meta["sas_weight"] = name
+            nodes.append(node)
+        self.uses.update({"q", "k"})
+        node = self.call(saap_mod.partition_source, (self.ph["q"], self.ph["k"], *nodes), op=where, kind="source")
+        node.meta["sas_source"] = "partition"
+        return node
 
     def custom(self, name: str) -> fx.Node:
         fn = ops_mod.custom_op(name)

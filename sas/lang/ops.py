@@ -141,10 +141,11 @@ def external(name: str) -> OpChain:
 
 def partition(centroids: str, classifier: str, probes: int) -> OpChain:
     """Saap: keys go to the bucket of their nearest centroid, queries probe the `probes` buckets
-    a learned classifier ranks best; a key scores by the rank of its bucket.
+    a learned classifier ranks best (group score: `.sum(dim=1)` over the GQA group).
 
-    `centroids` and `classifier` name tensors of `other_inputs`. Designed, not executable yet
-    (tracing raises NotYetSupportedError); see docs/dynamic.md.
+    `centroids` names `other_inputs[centroids]` [Hkv, C, D]; `classifier` the prefix of the
+    folded classifier `other_inputs[classifier + "_w1" | "_b1" | "_w2" | "_b2"]`
+    (sas.methods.saap). Runs in SASAttnKernel on the Saap decoder; see docs/dynamic.md section 6.
     """
     check_input_name(centroids, "ops.partition(centroids=...)")
     check_input_name(classifier, "ops.partition(classifier=...)")

@@ -31,6 +31,7 @@ from sas.codegen.lower_triton import check_identifier
 from sas.codegen.triton_backend import DecodeOptions, PrefillOptions
 from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
+from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.plan import Plan, make_plan
 from sas.runtime.checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
 from sas.runtime.dynamic import DynamicRuntime
@@ -96,7 +97,7 @@ class _StaticSession:
 class _DynamicSession:
     """The stateful cache and selection of a dynamic pattern (`DynamicRuntime`)."""
 
-    def __init__(self, runtime: DynamicRuntime, plan: Plan):
+    def __init__(self, runtime: DynamicRuntime | SaapDynamicRuntime, plan: Plan):
         self.runtime = runtime
         self.plan = plan
 
@@ -202,9 +203,11 @@ class SASAttnKernel(torch.nn.Module):
             raise NotYetSupportedError(f"SASAttnKernel: backend={backend!r} runs static patterns only; a pattern "
                                        f"with a Dynamic component runs on backend='triton' (CUDA, or the CPU "
                                        f"under TRITON_INTERPRET=1)")
-        if plan.is_dynamic:
+        if plan.is_dynamic and is_partition(plan.split):     # Saap: bucket index + its own kernel
             self._session: _StaticSession | _DynamicSession = _DynamicSession(
-                DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
+                SaapDynamicRuntime(plan, self.other_inputs), plan)
+        elif plan.is_dynamic:
+            self._session = _DynamicSession(DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
         else:
             self._session = _StaticSession(static_runtime(plan, backend, num_splits=num_splits,
                                                           cache_dir=cache_dir), plan)

@@ -1,0 +1,108 @@
+"""`sas train PATTERN`: fit Saap's offline state (k-means centroids and query classifiers per
+layer and KV head) from a model's own queries and keys, saved as safetensors with the
+pattern's hash and the model's name (docs/cli.md, docs/dynamic.md section 6).
+
+Every argument and the pattern are checked before the model is loaded; a `SASError` becomes
+one `error: ...` line, exit code 2. torch / transformers are imported inside the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sas.errors import SASError
+
+
+class TrainCommandError(SASError):
+    """A bad argument of `sas train`."""
+
+
+def _layers(text: str) -> list[int] | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise TrainCommandError(f"--layers must be 'all' or comma-separated layer indices such as 1,2,5, got {text!r}") from None
+    if any(x < 0 for x in out) or len(set(out)) != len(out):
+        raise TrainCommandError(f"--layers must be distinct non-negative layer indices, got {text!r}")
+    return out
+
+
+def _positive(value: int, what: str) -> None:
+    if value < 1:
+        raise TrainCommandError(f"{what} must be a positive integer, got {value}")
+
+
+@click.command(name="train", short_help="Fit Saap state (ops.partition) from a model's own queries and keys.")
+@click.argument("pattern", metavar="PATTERN")
+@click.option("--model", "model_spec", default="default", show_default=True, metavar="SPEC",
+              help="'default' (SmolLM2-135M-Instruct), a folder with config.json or a .gguf file.")
+@click.option("--text", "text_arg", default="corpus", show_default=True, metavar="corpus|FILE",
+              help="Training text: the built-in corpus (sas.evaluation.text) or a UTF-8 text file.")
+@click.option("--tokens", type=int, default=2048, show_default=True, metavar="N", help="Tokens of the text to run.")
+@click.option("--clusters", type=int, default=64, show_default=True, metavar="C", help="k-means clusters per KV head.")
+@click.option("--layers", "layers_arg", default="all", show_default=True, metavar="all|L[,L...]",
+              help="Layers to fit ('all': every layer except 0, which the paper keeps dense).")
+@click.option("--hidden", type=int, default=256, show_default=True, help="Classifier hidden width.")
+@click.option("--steps", type=int, default=200, show_default=True, help="Classifier training steps (Adam).")
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Classifier learning rate.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of k-means and the classifier.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of the model.")
+@click.option("-o", "--output", required=True, metavar="FILE.safetensors", help="Where to write the state.")
+def train(pattern: str, model_spec: str, text_arg: str, tokens: int, clusters: int, layers_arg: str, hidden: int,
+          steps: int, lr: float, seed: int, device: str, output: str) -> None:
+    """Fit Saap state for PATTERN (a Dynamic scored by ops.partition(...).sum(dim=1)).
+
+    Runs the model over --tokens tokens of --text, captures every chosen layer's pre-RoPE
+    queries and keys, clusters the keys (k-means) and trains a query classifier per KV head on
+    the attention mass each query puts in each cluster outside the pattern's sink + window.
+    """
+    # sas.cli.main imports this module to register the command: import its loader at call time.
+    from sas.cli.main import load
+
+    for v, what in ((tokens, "--tokens"), (clusters, "--clusters"), (hidden, "--hidden"), (steps, "--steps")):
+        _positive(v, what)
+    if not lr > 0:
+        raise TrainCommandError(f"--lr must be a positive number, got {lr}")
+    layers = _layers(layers_arg)
+    out = Path(output)
+    if out.is_dir() or not out.parent.is_dir():
+        raise TrainCommandError(f"-o/--output must be a file in an existing folder, got {output!r}")
+    text_path = None if text_arg == "corpus" else Path(text_arg)
+    if text_path is not None and not text_path.is_file():
+        raise TrainCommandError(f"--text must be 'corpus' or a text file, got {text_arg!r} (not a file)")
+    p = load(pattern)
+    # torch / transformers: optional heavy dependencies, imported once the arguments are valid.
+    import torch
+
+    from sas.evaluation.text import corpus_tokens
+    from sas.methods.saap_train import pattern_layout, train_state
+    from sas.models import load_model, parse_device, resolve_model
+
+    _, _, probes = pattern_layout(p, tokens)
+    if probes > clusters:
+        raise TrainCommandError(f"the pattern probes {probes} clusters but --clusters is {clusters}; "
+                                f"use --clusters >= {probes}")
+    parse_device(device)
+    source = resolve_model(model_spec)
+    model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)
+    if text_path is None:
+        ids = corpus_tokens(tokenizer, tokens)
+    else:
+        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
+        if len(ids) < tokens:
+            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    n_layers = int(model.config.num_hidden_layers)
+    if layers is None:
+        layers = list(range(1, n_layers)) or [0]
+    state = train_state(model, torch.tensor([ids], device=model.device), p, source.name, clusters=clusters,
+                        layers=layers, hidden=hidden, steps=steps, lr=lr, seed=seed)
+    state.save(out)
+    click.echo(f"wrote {output}: Saap state for {len(layers)} layer(s) of {source.name}, {clusters} clusters, "
+               f"pattern hash {state.pattern_hash}")
+
+
+__all__ = ["train"]

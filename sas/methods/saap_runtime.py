@@ -1,0 +1,213 @@
+"""Saap at run time: the bucket index beside the KV cache and the decode launches.
+
+`SaapDecoder` keeps, per (batch, KV head), the whole K/V cache (Saap cuts lookups, not the
+cache), the bucket of every key (its nearest centroid, assigned when the key is written, from
+its pre-RoPE vector when one is given) and a CSR index over the keys that have left the
+window: `off [B, Hkv, C+1]`, `idx [B, Hkv, N]` (key ids grouped by bucket). The index is
+rebuilt every `rebuild_every` steps; keys that left the window since the last rebuild are
+scanned by a filtered range program of the same launch (kept when their bucket is probed), so
+every step is exact. Per step: classifier -> group scores (sum over the GQA group) -> top-ℓ
+buckets -> one kernel launch (`sas.methods.saap_triton`) -> log-sum-exp merge.
+`last_looked_up` is the number of keys attended per (batch, KV head) at the last step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from sas.errors import KernelError
+from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
+from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
+
+LOG2E = 1.4426950408889634
+DENSE_CHUNK = 256
+
+
+def _pow2(x: int, least: int = 1) -> int:
+    return max(least, 1 << max(0, (x - 1).bit_length()))
+
+
+def build_csr(bucket_of: torch.Tensor, lo: int, hi: int, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR over keys [lo, hi): off [B, Hkv, C+1] int32, idx [B, Hkv, N] int32 (first hi-lo used)."""
+    b, h, n = bucket_of.shape
+    seg = bucket_of[..., lo:hi].long()
+    order = torch.sort(seg, dim=-1, stable=True).indices
+    idx = torch.zeros(b, h, n, dtype=torch.int32, device=bucket_of.device)
+    idx[..., : hi - lo] = (order + lo).to(torch.int32)
+    counts = torch.zeros(b, h, clusters + 1, dtype=torch.int64, device=bucket_of.device)
+    counts.scatter_add_(2, seg + 1, torch.ones_like(seg))
+    return counts.cumsum(-1).to(torch.int32), idx
+
+
+class SaapDecoder:
+    """One layer's Saap decode state and launches (one sequence batch)."""
+
+    def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
+                 rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
+                 scale: float | None = None):
+        self.layer = layer
+        self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
+        for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
+                               ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1),
+                               ("split", split, 1)):
+            if isinstance(x, bool) or not isinstance(x, int) or x < least:
+                raise KernelError(f"SaapDecoder: {name} must be an integer >= {least}, got {x!r}")
+        self.sink, self.window, self.max_len = sink, window, max_len
+        self.rebuild_every, self.block_n, self.chunk, self.scale = rebuild_every, block_n, chunk, scale
+        self.split = split
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = self.v = self.bucket_of = self.off = self.idx = None
+        self.length = 0
+        self.indexed_hi = self.sink
+        self._last_step: tuple | None = None
+        self.steps = 0
+
+    # region of query i: keys [sink, i - window + 1)
+    def _region_hi(self, i: int) -> int:
+        return max(self.sink, i - self.window + 1)
+
+    def _check(self, where: str, q, k, v) -> None:
+        if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+            raise KernelError(f"{where}: q must be [B, Hq, L, D] and k, v [B, Hkv, L, D] of one shape, got "
+                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if q.shape[1] % k.shape[1] or q.shape[3] != k.shape[3] or q.shape[0] != k.shape[0]:
+            raise KernelError(f"{where}: q {tuple(q.shape)} does not group onto k {tuple(k.shape)}")
+        self.layer.check(k.shape[1], k.shape[3], where)
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_index: torch.Tensor | None = None,
+                k_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense causal attention of the prompt (the first step attends the whole region), then
+        the prompt's keys are assigned and indexed."""
+        where = "SaapDecoder.prefill"
+        self._check(where, q, k, v)
+        b, hkv, n, d = k.shape
+        if n > self.max_len:
+            raise KernelError(f"{where}: prompt length {n} exceeds max_len={self.max_len}")
+        g = q.shape[1] // hkv
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True, scale=self.scale)
+        layer = self.layer.to(k.device)
+        self.layer = layer
+        self.k = torch.zeros(b, hkv, self.max_len, d, dtype=k.dtype, device=k.device)
+        self.v = torch.zeros_like(self.k)
+        self.bucket_of = torch.zeros(b, hkv, self.max_len, dtype=torch.int32, device=k.device)
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
+        self.bucket_of[:, :, :n] = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
+        self.length = n
+        self._rebuild()
+        return out
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, length: int) -> None:
+        """Take over caches k, v [B, Hkv, max_len, D] holding `length` tokens and their buckets
+        [B, Hkv, max_len] (benchmarks: any bucket assignment, e.g. balanced), then index them."""
+        if k.shape[2] != self.max_len or v.shape != k.shape or tuple(buckets.shape) != tuple(k.shape[:3]):
+            raise KernelError(f"SaapDecoder.fill: k, v must be [B, Hkv, max_len={self.max_len}, D] and buckets "
+                              f"[B, Hkv, max_len], got {tuple(k.shape)}, {tuple(v.shape)}, {tuple(buckets.shape)}")
+        if not 0 < length <= self.max_len:
+            raise KernelError(f"SaapDecoder.fill: length must be in [1, {self.max_len}], got {length}")
+        self.layer = self.layer.to(k.device)
+        self.k, self.v, self.bucket_of = k, v, buckets.to(torch.int32)
+        self.length = length
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        hi = self._region_hi(self.length)          # the region of the next query
+        self.off, self.idx = build_csr(self.bucket_of, self.sink, max(self.sink, hi), self.layer.clusters)
+        self.indexed_hi = max(self.sink, hi)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_index: torch.Tensor | None = None,
+               k_index: torch.Tensor | None = None) -> torch.Tensor:
+        """One token at position `length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D] -> [B, Hq, 1, D]."""
+        where = "SaapDecoder.decode"
+        if self.k is None:
+            raise KernelError(f"{where}: no prompt yet; call prefill first")
+        self._check(where, q, k, v)
+        if q.shape[2] != 1 or k.shape[2] != 1:
+            raise KernelError(f"{where}: decode takes one token (q [B, Hq, 1, D], k, v [B, Hkv, 1, D])")
+        if tuple(k.shape[:2]) != tuple(self.k.shape[:2]) or k.shape[3] != self.k.shape[3] or k.dtype != self.k.dtype:
+            raise KernelError(f"{where}: k {tuple(k.shape)} {k.dtype} does not match the cache "
+                              f"{tuple(self.k.shape)} {self.k.dtype}")
+        i = self.length
+        if i >= self.max_len:
+            raise KernelError(f"{where}: position {i} is past max_len={self.max_len}")
+        hkv = k.shape[1]
+        layer = self.layer
+        bucket_new = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
+        probed = probe(group_scores(q if q_index is None else q_index, layer.classifier, hkv), self.probes)
+        # nothing above wrote state: the cache changes from here on
+        self.k[:, :, i] = k[:, :, 0]
+        self.v[:, :, i] = v[:, :, 0]
+        self.bucket_of[:, :, i] = bucket_new[:, :, 0]
+        self.length = i + 1
+        mask = self.probed_mask(probed)
+        out = self.attend(q, probed, mask, i)
+        self._last_step = (i, probed, mask, self.indexed_hi, self.off)
+        self.steps += 1
+        if self._region_hi(self.length) - self.indexed_hi >= self.rebuild_every:
+            self._rebuild()
+        return out
+
+    def probed_mask(self, probed: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, C] int8: 1 for the probed buckets."""
+        b, hkv, _ = probed.shape
+        mask = torch.zeros(b, hkv, self.layer.clusters, dtype=torch.int8, device=probed.device)
+        return mask.scatter_(2, probed, 1)
+
+    def step_args(self, i: int) -> tuple[int, ...]:
+        """The kernel's key ranges for query i: (SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP)."""
+        sink_hi = min(self.sink, i + 1)
+        w_lo, w_hi = max(self.sink, i - self.window + 1), i + 1
+        p_lo, p_hi = self.indexed_hi, self._region_hi(i)
+        n_sp = 1 if sink_hi > 0 else 0
+        n_wp = -(-max(0, w_hi - w_lo) // self.chunk)
+        n_pp = -(-max(0, p_hi - p_lo) // self.chunk)
+        return sink_hi, w_lo, w_hi, p_lo, p_hi, n_sp, n_wp, n_pp
+
+    def attend(self, q: torch.Tensor, probed: torch.Tensor, mask: torch.Tensor, i: int) -> torch.Tensor:
+        """The kernel launch and merge for query i over the current cache and index (no host
+        sync, graph-capturable): q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`."""
+        b, hkv, _, d = self.k.shape
+        hq = q.shape[1]
+        g = hq // hkv
+        args = self.step_args(i)
+        nr, p = sum(args[5:]), probed.shape[-1]
+        bg, bd = _pow2(g, 16), _pow2(d, 16)
+        s = nr + p * self.split
+        o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(b * hkv, s, bg, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
+        qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
+        saap_decode_kernel[(b * hkv, s)](
+            qc, self.k, self.v, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
+            o_part, m_part, l_part, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
+            *args, self.chunk, self.split,
+            BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
+            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
+            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
+        out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
+        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, g, d, BLOCK_G=bg, BLOCK_D=bd)
+        return out
+
+    @property
+    def last_looked_up(self) -> torch.Tensor | None:
+        """Keys attended at the last decode step per (batch, KV head), int64 [B, Hkv] (computed
+        on first access from the step's probed buckets and index)."""
+        if self._last_step is None:
+            return None
+        i, probed, mask, lo, off = self._last_step
+        dense = min(self.sink, i + 1) + (i + 1 - max(self.sink, i - self.window + 1))
+        off = off.long()
+        sizes = (off.gather(2, probed + 1) - off.gather(2, probed)).sum(-1)
+        hi = self._region_hi(i)
+        pend = mask.long().gather(2, self.bucket_of[..., lo:hi].long()).sum(-1) if hi > lo else 0
+        return sizes + pend + dense
+
+
+__all__ = ["SaapDecoder", "build_csr"]
