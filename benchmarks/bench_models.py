@@ -268,7 +268,8 @@ def run_generate(model: Any, row: Row, args: argparse.Namespace, *, compiled: bo
         row.gpu_busy_ms_per_step = busy
         row.host_overhead_ms_per_step = max(0.0, row.ms_per_token - busy)
     row.compiled = compiled and getattr(model, "_compiled_call", None) is not None
-    cache = out.past_key_values
+    from sas.integrations.transformers import output_cache
+    cache = output_cache(out)
     length = row.context + new
     row.dense_kv_bytes = dense_kv_bytes(model, length, row.batch)
     row.kv_bytes = int(cache.kv_cache_bytes()) if hasattr(cache, "kv_cache_bytes") else row.dense_kv_bytes

@@ -138,7 +138,8 @@ def check(args: argparse.Namespace) -> list[dict[str, Any]]:
                                      do_sample=False, pad_token_id=0, return_dict_in_generate=True,
                                      disable_compile=True)
             row["tokens"] = out.sequences[:, 256:].tolist()
-            cache = out.past_key_values
+            from sas.integrations.transformers import output_cache
+            cache = output_cache(out)
             row["kv_bytes_per_rank"] = gather(int(cache.kv_cache_bytes()) if hasattr(cache, "kv_cache_bytes")
                                               else None)
             del model, out, cache
@@ -186,7 +187,8 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
             row["nccl_ms_per_step_per_rank"] = gather(nccl_ms_per_step(rec))
             row["tokens_per_s"] = args.batch * 1e3 / row["ms_per_token"]
             row["prefill_ms"] = t0.elapsed_time(rec.events[0])
-            cache = out.past_key_values
+            from sas.integrations.transformers import output_cache
+            cache = output_cache(out)
             kv = int(cache.kv_cache_bytes()) if hasattr(cache, "kv_cache_bytes") else sum(
                 (layer.keys.numel() * layer.keys.element_size() * 2) for layer in cache.layers)
             row["kv_bytes_per_rank"] = gather(kv)

@@ -25,7 +25,7 @@ from sas.evaluation.cache_bytes import kv_cache_bytes
 from sas.evaluation.perplexity import perplexity
 from sas.evaluation.report import EvalPattern, evaluate_patterns
 from sas.evaluation.text import corpus_tokens
-from sas.integrations.transformers import SASCache, sas_attention
+from sas.integrations.transformers import SASCache, output_cache, sas_attention
 from sas.models import ModelShape
 
 from model_fixtures import smollm2, tiny_llama
@@ -111,7 +111,7 @@ def test_kv_bytes_equal_the_sas_cache():
     ids = torch.tensor([corpus_tokens(tok, 150)])
     out = patched.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
                            return_dict_in_generate=True, pad_token_id=tok.eos_token_id)
-    cache = out.past_key_values
+    cache = output_cache(out)
     assert isinstance(cache, SASCache)
     expect = kv_cache_bytes(WINDOW, 200, ModelShape.of(model.config), torch.float32)
     assert cache.kv_cache_bytes() == expect.compact

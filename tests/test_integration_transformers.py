@@ -39,7 +39,7 @@ from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
 from sas.dynamic import dynamic_attention_reference  # noqa: E402
 from sas.errors import IntegrationError, NotYetSupportedError  # noqa: E402
 from sas.integrations.cache import SASCacheLayer  # noqa: E402
-from sas.integrations.transformers import SASCache, sas_attention  # noqa: E402
+from sas.integrations.transformers import SASCache, cache_argument, output_cache, sas_attention  # noqa: E402
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None, pad_token_id=0)
@@ -73,7 +73,7 @@ def ids_of(seed, *shape, vocab=128):
 def greedy(model, ids, n, **kw):
     out = model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True,
                          **kw)
-    return out.sequences, torch.stack(out.logits, dim=1), out.past_key_values
+    return out.sequences, torch.stack(out.logits, dim=1), output_cache(out)
 
 
 def mask_4d(pattern, n):
@@ -121,8 +121,8 @@ def test_pattern_logits_equal_the_exact_4d_mask(llama, pattern):
         torch.testing.assert_close(model(seq, use_cache=False).logits, want, rtol=1e-5, atol=1e-5)
         # the same sequence through the compact cache: a prompt, then one token at a time
         cache = SASCache(model)
-        got = [model(seq[:, :P], past_key_values=cache).logits]
-        got += [model(seq[:, t:t + 1], past_key_values=cache).logits for t in range(P, n)]
+        got = [model(seq[:, :P], **{cache_argument(model): cache}).logits]
+        got += [model(seq[:, t:t + 1], **{cache_argument(model): cache}).logits for t in range(P, n)]
     torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-5)
     assert cache.get_seq_length() == n
 
@@ -298,9 +298,9 @@ def test_lengths_past_max_len_fail_before_any_work(llama):
     with pytest.raises(IntegrationError, match="max_len=16"):
         model(ids_of(1, 1, 17))
     cache = SASCache(model)
-    model(ids_of(1, 1, 16), past_key_values=cache)
+    model(ids_of(1, 1, 16), **{cache_argument(model): cache})
     with pytest.raises(IntegrationError, match="reaches 17 tokens"):
-        model(ids_of(1, 1, 1), past_key_values=cache)
+        model(ids_of(1, 1, 1), **{cache_argument(model): cache})
 
 
 def test_bad_calls(llama):
@@ -309,7 +309,7 @@ def test_bad_calls(llama):
     with pytest.raises(IntegrationError, match="2-D padding mask"):
         model(seq, attention_mask=mask_4d(WINDOW, 8))
     with pytest.raises(IntegrationError, match="DynamicCache"):
-        model.generate(seq, max_new_tokens=2, past_key_values=DynamicCache())
+        model.generate(seq, max_new_tokens=2, **{cache_argument(model): DynamicCache()})
     with pytest.raises(IntegrationError, match="cache_implementation='static'"):
         model.generate(seq, max_new_tokens=2, cache_implementation="static")
     with pytest.raises(IntegrationError, match="not prepared by sas_attention"):
@@ -318,7 +318,7 @@ def test_bad_calls(llama):
     with pytest.raises(NotYetSupportedError, match="roll"):
         cache.crop(1)
     with pytest.raises(IntegrationError, match="batch of 1 rows"):
-        model(ids_of(1, 2, 1), past_key_values=cache)
+        model(ids_of(1, 2, 1), **{cache_argument(model): cache})
 
 
 # --- the real model: SmolLM2-135M-Instruct ---------------------------------------------------
@@ -349,7 +349,7 @@ def test_smollm2_window_logits_equal_the_exact_4d_mask(smollm2):
         want = smollm2(seq, attention_mask=mask_4d(pattern, n)).logits
         model = with_sas(smollm2, pattern, max_len=64)
         cache = SASCache(model)
-        got = torch.cat([model(seq[:, :24], past_key_values=cache).logits]
-                        + [model(seq[:, t:t + 1], past_key_values=cache).logits for t in range(24, n)], dim=1)
+        got = torch.cat([model(seq[:, :24], **{cache_argument(model): cache}).logits]
+                        + [model(seq[:, t:t + 1], **{cache_argument(model): cache}).logits for t in range(24, n)], dim=1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert cache.kv_cache_bytes() == 30 * 2 * 3 * 10 * 64 * 4

@@ -23,6 +23,7 @@ Only transformers' own extension points are used, no modeling file is forked:
 
 from __future__ import annotations
 
+import inspect
 import types
 import warnings
 from collections.abc import Mapping
@@ -127,6 +128,23 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sas_mask)
 
 
+# --- the cache argument's name --------------------------------------------------------------
+def cache_argument(model: Any) -> str:
+    """The keyword under which this transformers version passes the KV cache to `model`'s
+    forward and `generate` ("cache" from transformers 5.2x on, "past_key_values" before)."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward pass or `generate(..., return_dict_in_generate=True)` returned,
+    under either transformers' new name (`cache`) or its old one (`past_key_values`)."""
+    for name in ("cache", "past_key_values"):
+        if name in output.keys():
+            return output[name]
+    return None
+
+
 # --- generate: create an SASCache by default ----------------------------------------------
 def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwargs: dict, *args: Any,
                        **kwargs: Any) -> Any:
@@ -145,16 +163,17 @@ def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwar
             f"generate: the prompt plus max_new_tokens runs {longest} tokens through the model, but the sas "
             f"pattern was analysed for max_len={state.max_len}; pass a larger max_len to sas_attention "
             f"(or generate fewer tokens)")
-    cache = model_kwargs.get("past_key_values")
+    key = cache_argument(self)
+    cache = model_kwargs.get(key)
     if cache is not None and not isinstance(cache, SASCache):
-        raise IntegrationError(f"generate: past_key_values is a {type(cache).__name__}; a model prepared by "
+        raise IntegrationError(f"generate: {key} is a {type(cache).__name__}; a model prepared by "
                                f"sas_attention keeps its keys in an SASCache (pass SASCache(model) or nothing)")
     if cache is None and generation_config.use_cache is not False:
         impl = generation_config.cache_implementation
         if impl not in (None, "dynamic"):
             raise IntegrationError(f"generate: cache_implementation={impl!r} is not available with sas patterns; "
                                    f"the model uses its own compact SASCache (leave cache_implementation unset)")
-        model_kwargs["past_key_values"] = SASCache(self)
+        model_kwargs[key] = SASCache(self)
         return None
     return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
 
@@ -256,5 +275,5 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     return model
 
 
-__all__ = ["sas_attention", "SASCache", "sas_attention_forward", "sas_mask", "ATTN_IMPLEMENTATION",
+__all__ = ["sas_attention", "SASCache", "cache_argument", "output_cache", "sas_attention_forward", "sas_mask", "ATTN_IMPLEMENTATION",
            "SUPPORTED_MODEL_TYPES"]

@@ -18,7 +18,7 @@ import torch
 
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.errors import NotYetSupportedError
-from sas.integrations.transformers import SASCache, sas_attention
+from sas.integrations.transformers import SASCache, output_cache, sas_attention
 from sas.models import load_model
 
 STATIC = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal()
@@ -38,7 +38,7 @@ def _generate(model: Any, pattern: Any, backend: str) -> dict[str, Any]:
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0, return_dict_in_generate=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     res: dict[str, Any] = {"tokens": out.sequences[0].tolist()}
     if isinstance(cache, SASCache):
         res["kv_bytes"] = cache.kv_cache_bytes()
