@@ -454,11 +454,11 @@ def static_range(start: Any, stop: Any = None, step: Any = 1) -> range:
     for x in (start, stop, step):
         if isinstance(x, LoopIndex):
             raise NkiEmulationError("nl.static_range bounds must be trace-time integers, not loop indices")
-    return range(start, stop, step) if stop is not None else range(start)
+    return range(start, stop, step) if stop is not None else range(0, start, step)
 
 
 def _symbolic_range(kind: str, start: Any, stop: Any, step: Any) -> Iterator[LoopIndex]:
-    bounds = [x for x in (start, stop, step) if x is not None]
+    bounds = [0, start, step] if stop is None else [start, stop, step]
     if any(isinstance(x, LoopIndex) for x in bounds):
         raise NkiEmulationError(f"nl.{kind} bounds must be trace-time integers")
     frame = _Loop(kind)

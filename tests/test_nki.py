@@ -1,0 +1,217 @@
+"""The NKI (Trainium) backend: generated kernels parse, use only the documented API surface
+(sas.codegen.nki_api) and, run in the numpy emulator of that subset, match attention and
+importance scores computed from the exact mask `pattern.to_mask(n)`; the emulator and the API
+check refuse invalid kernels; `sas compile --backend nki` writes the files or nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, assume, given, settings
+
+from sas import Causal, Diag, Rect
+from sas.codegen.compile import compile_pattern
+from sas.codegen.nki_api import FUNCTIONS, check_kernel_source
+from sas.codegen.nki_backend import kernel_names, render_nki
+from sas.codegen.nki_emulator import NkiEmulationError, load_kernel_module, reference_attention
+from sas.errors import KernelError, NotYetSupportedError, SASError
+
+from helpers.table1 import TABLE1_KERNELS
+from strategies import patterns
+
+
+def _run(pattern, L: int, D: int, H: int, Hkv: int, block: int, *, dtype: str = "float32", seed: int = 0,
+         source: str | None = None):
+    """Render (or take) the module, emulate both kernels, return (out, ref, score, ref_score)."""
+    src = source if source is not None else render_nki(pattern, L, D, H // Hkv, block_m=block, block_n=block)
+    ns = load_kernel_module(src)
+    att, sc = kernel_names(src)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, H, L, D)).astype(np.float32)
+    k = rng.standard_normal((1, Hkv, L, D)).astype(np.float32)
+    v = rng.standard_normal((1, Hkv, L, D)).astype(np.float32)
+    qT = np.ascontiguousarray(q.transpose(0, 1, 3, 2))
+    kT = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+    if dtype == "bfloat16":
+        out, m, l = ns[att][1, H]((qT, "bfloat16"), (kT, "bfloat16"), (v, "bfloat16"))
+    else:
+        out, m, l = ns[att][1, H](qT, kT, v)
+    score = ns[sc][1, Hkv](qT, kT, m, l)
+    ref, p = reference_attention(q, k, v, pattern.to_mask(L))
+    ref_score = p.reshape(1, Hkv, H // Hkv, L, L).sum(axis=(2, 3))
+    return out, ref, score[..., 0], ref_score
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1_KERNELS))
+def test_table1_matches_exact_mask(name):
+    pattern = TABLE1_KERNELS[name]
+    out, ref, score, ref_score = _run(pattern, 128, 32, 2, 1, 32)   # GQA: 2 query heads per KV head
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(score, ref_score, atol=2e-5, rtol=1e-5)
+
+
+def test_bfloat16_and_wider_tiles():
+    pattern = TABLE1_KERNELS["openai_fixed"]
+    out, ref, score, ref_score = _run(pattern, 128, 64, 1, 1, 64, dtype="bfloat16")
+    assert np.abs(out - ref).max() < 0.05          # bf16 q, k, v, p and output
+    assert np.abs(score - ref_score).max() < 0.05 * max(1.0, ref_score.max())
+
+
+def test_empty_rows_and_non_causal():
+    # rows 0..15 attend nothing (output 0); the window looks ahead (non-causal, prefill only)
+    pattern = Rect(rows=(16, None)) * (Diag(-8, 20) + Rect(cols=(60, 64)))
+    out, ref, score, ref_score = _run(pattern, 64, 16, 1, 1, 16)
+    assert not pattern.to_mask(64)[:16].any() and np.all(out[0, 0, :16] == 0)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(score, ref_score, atol=2e-5, rtol=1e-5)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(patterns(3))
+def test_random_compositions_match_exact_mask(pattern):
+    assume(not pattern.dynamics())
+    try:
+        src = render_nki(pattern, 64, 16, 1, block_m=16, block_n=16)
+    except NotYetSupportedError:   # an expression form the NKI lowering does not cover: said so
+        assume(False)
+    out, ref, score, ref_score = _run(pattern, 64, 16, 1, 1, 16, source=src)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(score, ref_score, atol=2e-5, rtol=1e-5)
+
+
+def test_generated_kernel_uses_only_documented_api():
+    src = render_nki(TABLE1_KERNELS["strided_block_local"], 128, 32, 1, block_m=32, block_n=32)
+    used = set(re.findall(r"\b(nl|nisa|nki)\.([a-z_0-9]+)\(", src))
+    prefix = {"nl": "nki.language", "nisa": "nki.isa", "nki": "nki"}
+    assert used and all(f"{prefix[a]}.{f}" in FUNCTIONS for a, f in used)
+    assert all(FUNCTIONS[q].url.startswith("https://awsdocs-neuron.readthedocs-hosted.com/") for q in FUNCTIONS)
+    assert "nl.mod(" in src   # the stride is lowered to index arithmetic on iota tiles
+
+
+# --- the emulator and the API check refuse invalid kernels ---------------------------------------
+
+_HEAD = "import neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa\n\n"
+
+
+def _kernel(body: str) -> str:
+    lines = "\n".join("    " + ln for ln in body.strip().splitlines())
+    return _HEAD + "@nki.jit\ndef kern(a):\n" + lines + "\n"
+
+
+def _emulate(body: str, shape=(128, 64)):
+    ns = load_kernel_module(_kernel(body))
+    return ns["kern"](np.ones(shape, dtype=np.float32))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("t = nl.zeros((256, 4), dtype=nl.float32)\nreturn a", "exceeds nl.tile_size.pmax"),
+    ("t = nl.zeros((128, 1024), dtype=nl.float32, buffer=nl.psum)\nreturn a", "PSUM tile"),
+    ("x = nl.load(a)\nps = nisa.nc_matmul(x, x)\ny = nisa.nc_matmul(ps, x)\nreturn a", "Tensor Engine reads SBUF"),
+    ("x = nl.zeros((64, 256), dtype=nl.float32)\ny = nisa.nc_matmul(x, x)\nreturn a", "stationary free size"),
+    ("x = nl.zeros((64, 16), dtype=nl.float32)\ny = nl.zeros((32, 16), dtype=nl.float32)\n"
+     "z = nisa.nc_matmul(x, y)\nreturn a", "contraction"),
+    ("x = nl.zeros((64, 16), dtype=nl.float32)\ny = nl.zeros((64, 1024), dtype=nl.float32)\n"
+     "z = nisa.nc_matmul(x, y)\nreturn a", "moving free size"),
+    ("x = nl.load(a)\ns = nl.sum(x, axis=0, keepdims=True)\nreturn a", "partition axis"),
+    ("x = nl.load(a)\ns = nl.sum(x, axis=1)\nreturn a", "keepdims"),
+    ("acc = nl.zeros((128, 64), dtype=nl.float32)\nfor i in nl.affine_range(3):\n"
+     "    acc[...] = nl.add(acc, 1.0)\nreturn a", "loop-carried dependency"),
+    ("RUNS = (1, 2, 3)\nfor i in nl.sequential_range(0, 3, 1):\n    n = RUNS[i]\nreturn a", "symbolic"),
+    ("x = nl.load(a)\nt = nisa.nc_transpose(nisa.nc_transpose(x))\nreturn a", "reads an SBUF tile"),
+    ("p = nl.arange(8)[:, None]\nt = nisa.iota(p * p, dtype=nl.int32)\nreturn a", "not affine"),
+    ("x = nl.load(a)\nnl.store(a[0:64, :], x)\nreturn a", "nl.store of a tile of shape"),
+])
+def test_emulator_refuses(body, message):
+    with pytest.raises(NkiEmulationError, match=message):
+        _emulate(body)
+
+
+def test_emulator_allows_psum_accumulation_across_affine_iterations():
+    body = ("ones = nl.full((128, 1), 1.0, dtype=nl.float32, buffer=nl.sbuf)\n"
+            "col = nl.zeros((64, 1), dtype=nl.float32, buffer=nl.psum)\n"
+            "out = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.shared_hbm)\n"
+            "for i in nl.affine_range(3):\n"
+            "    x = nl.load(a)\n"
+            "    col[...] += nisa.nc_matmul(x, ones)\n"
+            "nl.store(out, nl.copy(col))\nreturn out")
+    np.testing.assert_allclose(_emulate(body), np.full((64, 1), 3 * 128.0))
+
+
+def test_rendered_kernel_edited_to_256_row_tiles_is_refused():
+    src = render_nki(Causal(), 256, 32, 1, block_m=128, block_n=128)
+    bad = src.replace("BLOCK_M = 128", "BLOCK_M = 256").replace("NUM_Q_BLOCKS = 2", "NUM_Q_BLOCKS = 1")
+    assert bad != src
+    with pytest.raises(NkiEmulationError, match="stationary free size 256|pmax"):
+        _run(Causal(), 256, 32, 1, 1, 128, source=bad)
+
+
+@pytest.mark.parametrize("src, message", [
+    (_kernel("return nl.softmax(a)"), "not a documented function|not in the documented"),
+    (_kernel("x = nl.load(a)\nreturn nl.exp(x, approx=True)"), "keyword 'approx' is not documented"),
+    (_kernel("return nl.exp()"), "missing required"),
+    (_HEAD + "import numpy as np\n" + _kernel("return a")[len(_HEAD):], "not allowed"),
+    (_kernel("m = nl.load(a)\nfor i in nl.sequential_range(0, 2, 1):\n    m = nl.maximum(m, 1.0)\nreturn a"),
+     "carried between iterations"),
+    (_kernel("for i in nl.affine_range(2):\n    if i > 0:\n        x = nl.load(a)\nreturn a"), "'if' on the index"),
+    (_kernel("for i in range(2):\n    x = nl.load(a)\nreturn a"), "loops must iterate"),
+    (_kernel("return nl.tile_size.pmax"), "not in the documented"),
+    (_HEAD + "def kern(a):\n    return a\n", "defines no @nki.jit kernel"),
+    ("def broken(:\n", "not valid Python"),
+])
+def test_api_check_refuses(src, message):
+    with pytest.raises(KernelError, match=message):
+        check_kernel_source(src)
+
+
+# --- sas compile --backend nki --------------------------------------------------------------------
+
+
+def test_compile_writes_kernels_that_run(tmp_path):
+    pattern = TABLE1_KERNELS["streaming_llm"]
+    out_dir = tmp_path / "nki"
+    report = compile_pattern(pattern, out_dir, backend="nki", max_len=128, head_dim=32, dtype="float32",
+                             num_heads=2, num_kv_heads=1)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["README.md", "nki_kernels.py", "report.json"]
+    assert json.loads((out_dir / "report.json").read_text())["backend"] == "nki" == report["backend"]
+    readme = (out_dir / "README.md").read_text()
+    assert "not compiled, not run on hardware" in readme and report["kernels"]["attention"] in readme
+    out, ref, score, ref_score = _run(pattern, 128, 32, 2, 1, 128, source=(out_dir / "nki_kernels.py").read_text())
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(score, ref_score, atol=2e-5, rtol=1e-5)
+    # compiling again over sas's own output replaces it
+    compile_pattern(pattern, out_dir, backend="nki", max_len=256, head_dim=32)
+    assert "SEQ_LEN = 256" in (out_dir / "nki_kernels.py").read_text()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend="neuron"), "unknown backend"),
+    (dict(backend="nki", head_dim=256), "head_dim 256"),
+    (dict(backend="nki", max_len=1000), "multiple of 16"),
+])
+def test_compile_bad_input_leaves_nothing(tmp_path, kwargs, message):
+    kwargs = {"max_len": 256, **kwargs}
+    with pytest.raises(SASError, match=message):
+        compile_pattern(Diag(0, 16), tmp_path / "out", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_refuses_bad_tiles_and_lengths():
+    with pytest.raises(KernelError, match="block_m must be one of"):
+        render_nki(Causal(), 256, 32, 1, block_m=256, block_n=128)
+    with pytest.raises(KernelError, match="must divide"):
+        render_nki(Causal(), 96, 32, 1, block_m=64, block_n=32)
+    with pytest.raises(KernelError, match="float32"):
+        render_nki(Causal(), 1 << 24, 32, 1)
+
+
+def test_cli_compile_nki(tmp_path):
+    from sas.cli.main import cli
+    out = tmp_path / "k"
+    r = CliRunner().invoke(cli, ["compile", "examples/sliding_window.py", "--backend", "nki", "-o", str(out),
+                                 "--max-len", "512"])
+    assert r.exit_code == 0, r.output
+    check_kernel_source((out / "nki_kernels.py").read_text())
