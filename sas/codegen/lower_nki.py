@@ -18,16 +18,19 @@ Mapping (documented functions only, see sas.codegen.nki_api):
 - a boolean used as a number -> nl.multiply(b, 1, dtype=nl.int32).
 
 The vector engines compute in float32, so integer index arithmetic is exact below 2**24:
-`nki_backend` refuses longer sequences. Table subscripts and calls (synthesized cache
-functions with tables) are not lowered (NotYetSupportedError).
+`nki_backend` refuses longer sequences. Calls of the other synthesized functions are
+inlined (`lower_function_mask`, for decode's `mask_func`); subscripts of tuple literals and of tables of at most
+MAX_INLINE_TABLE entries become nl.where chains; larger tables (cache functions without a
+closed form at long lengths) are not lowered (NotYetSupportedError).
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import Any
 
-from sas.codegen.lower_triton import check_identifier
+from sas.codegen.lower_triton import _body_statements, _params, check_identifier, find_function
 from sas.errors import KernelError, NotYetSupportedError
 
 _CMP = {ast.Lt: "less", ast.LtE: "less_equal", ast.Gt: "greater", ast.GtE: "greater_equal",
@@ -35,6 +38,9 @@ _CMP = {ast.Lt: "less", ast.LtE: "less_equal", ast.Gt: "greater", ast.GtE: "grea
 _MIRROR = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.Eq,
            ast.NotEq: ast.NotEq}
 _ARITH = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply"}
+
+#: Largest table (or tuple literal) inlined as a chain of nl.where.
+MAX_INLINE_TABLE = 64
 
 #: Largest absolute index value the float32 vector-engine math represents exactly.
 EXACT_INT = 1 << 24
@@ -69,12 +75,39 @@ def _floordiv(a: int, b: int) -> int:
 class NkiLowering:
     """Lowers expressions over `names` (source name -> generated tile name) to `self.lines`."""
 
-    def __init__(self, names: dict[str, str], prefix: str = "m_"):
+    def __init__(self, names: dict[str, str], prefix: str = "m_",
+                 functions: dict[str, ast.FunctionDef] | None = None):
         self.env = {check_identifier(k, "parameter name"): _V(check_identifier(v, "tile name"), False)
                     for k, v in names.items()}
         self.prefix = check_identifier(prefix, "generated name prefix")
+        self.functions = dict(functions or {})
+        self.tables: dict[str, tuple[int, ...]] = {}
         self.lines: list[str] = []
         self._seen: dict[str, _V] = {}
+        self._depth = 0
+
+    def body(self, fdef: ast.FunctionDef, args: list[_V]) -> _V:
+        """Inline a function body (`name = expr` assignments, then `return expr`) with its
+        parameters bound to `args`."""
+        params = _params(fdef)
+        if len(params) != len(args):
+            raise KernelError(f"function {fdef.name!r} takes {len(params)} parameters, {len(args)} given")
+        self._depth += 1
+        if self._depth > 16:
+            raise NotYetSupportedError(f"function {fdef.name!r}: calls nest too deep (recursion?)")
+        saved, self.env = self.env, dict(zip(params, args))
+        try:
+            stmts = _body_statements(fdef)
+            for stmt in stmts[:-1]:
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                        and isinstance(stmt.targets[0], ast.Name)):
+                    raise NotYetSupportedError(f"function {fdef.name!r}: statement {ast.unparse(stmt)!r} cannot be "
+                                               f"lowered to NKI ('name = <expr>' assignments, then 'return <expr>')")
+                self.env[stmt.targets[0].id] = self.lower(stmt.value)
+            return self.lower(stmts[-1].value)
+        finally:
+            self.env = saved
+            self._depth -= 1
 
     def _emit(self, call: str, is_bool: bool) -> _V:
         hit = self._seen.get(call)
@@ -122,6 +155,13 @@ class NkiLowering:
     def lower(self, node: ast.expr) -> _V:
         if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int)):
             return _c(node.value)
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in self.functions or node.keywords:
+                raise NotYetSupportedError(f"call {ast.unparse(node)!r} cannot be lowered to NKI: only positional "
+                                           f"calls of the analysis functions ({sorted(self.functions)})")
+            return self.body(self.functions[node.func.id], [self.lower(a) for a in node.args])
+        if isinstance(node, ast.Subscript):
+            return self._subscript(node)
         if isinstance(node, ast.Name):
             if node.id not in self.env:
                 raise KernelError(f"unknown name {node.id!r} in a mask expression; known: {sorted(self.env)}")
@@ -199,6 +239,32 @@ class NkiLowering:
             f"expression {ast.unparse(node)!r} ({type(node).__name__}) cannot be lowered to NKI: supported are "
             f"integer constants, names, + - * // %, comparisons, and/or/not and conditional expressions")
 
+    def _subscript(self, node: ast.Subscript) -> _V:
+        """`(c0, c1, ...)[x]` or `TABLE[x]` with a small table of integer constants: a chain of
+        nl.where over `x == k` (0 outside the range, as the Triton lowering reads it)."""
+        if isinstance(node.value, ast.Tuple):
+            items = [self.lower(e) for e in node.value.elts]
+            if not all(v.is_const for v in items):
+                raise NotYetSupportedError(f"subscript {ast.unparse(node)!r}: tuple items must be constants")
+            values = [int(v.const) for v in items]
+        elif isinstance(node.value, ast.Name) and node.value.id in self.tables:
+            values = [int(x) for x in self.tables[node.value.id]]
+        else:
+            raise NotYetSupportedError(f"subscript {ast.unparse(node)!r} cannot be lowered to NKI")
+        if len(values) > MAX_INLINE_TABLE:
+            raise NotYetSupportedError(f"subscript {ast.unparse(node)!r}: a table of {len(values)} entries; the NKI "
+                                       f"lowering inlines at most {MAX_INLINE_TABLE} (as nl.where chains)")
+        idx = self._as_int(self.lower(node.slice))
+        if idx.is_const:
+            k = int(idx.const)
+            return _c(values[k] if 0 <= k < len(values) else 0)
+        out = self._emit(f"nl.multiply({idx.text}, 0)", False)
+        for k, val in enumerate(values):
+            if val != 0:
+                hit = self._emit(f"nl.equal({idx.text}, {k})", True)
+                out = self._emit(f"nl.where({self._not(hit).text}, {out.text}, {_c(val).text})", False)
+        return out
+
     def mask(self, node: ast.expr, tile: str) -> str:
         """The boolean tile of `node`; a constant becomes a tile through `tile` (compared to itself)."""
         v = self._truth(self.lower(node))
@@ -224,4 +290,19 @@ def lower_mask(pattern, qi: str = "qi", kj: str = "kj", prefix: str = "m_") -> L
     return LoweredMask(tuple(low.lines), name)
 
 
-__all__ = ["EXACT_INT", "LoweredMask", "NkiLowering", "lower_mask"]
+def lower_function_mask(module: ast.Module, name: str, args: list[str], tile: str,
+                        prefix: str = "m_", tables: dict[str, Any] | None = None) -> LoweredMask:
+    """The boolean tile of the synthesized function `name` of `module` (e.g. mask_func) with its
+    parameters bound to the tiles `args`, other functions of the module inlined, subscripts of
+    small `tables` (at most MAX_INLINE_TABLE entries) as nl.where chains."""
+    functions = {s.name: s for s in module.body if isinstance(s, ast.FunctionDef)}
+    low = NkiLowering({}, prefix, functions)
+    low.tables = {k: tuple(int(x) for x in v) for k, v in (tables or {}).items()}
+    v = low._truth(low.body(find_function(module, name), [_V(check_identifier(a, "tile name"), False)
+                                                            for a in args]))
+    if v.is_const:
+        v = low._emit(f"nl.{'equal' if v.const else 'not_equal'}({tile}, {tile})", True)
+    return LoweredMask(tuple(low.lines), v.text)
+
+
+__all__ = ["EXACT_INT", "LoweredMask", "NkiLowering", "lower_function_mask", "lower_mask"]

@@ -128,6 +128,11 @@ CONSTANTS: dict[str, str] = {
 #: The module aliases generated kernels import, and the module each stands for.
 ALIASES = {"nki": "nki", "nl": "nki.language", "nisa": "nki.isa"}
 IMPORTS = {"neuronxcc.nki": "nki", "neuronxcc.nki.language": "nl", "neuronxcc.nki.isa": "nisa"}
+#: Standard-library modules the plain-Python host functions beside the kernels may import
+#: (the synthesized cache functions' table search); never usable inside a kernel.
+HOST_IMPORTS = frozenset({"bisect"})
+#: Python builtins a kernel may call at trace time (on Python ints: shapes, schedule constants).
+KERNEL_BUILTINS = frozenset({"len", "min", "max", "int"})
 
 #: Hardware limits the kernels and the emulator use (nki.language.tile_size, Trn1/Trn2).
 PMAX = 128                 # tile_size.pmax: partitions of an SBUF / PSUM tile
@@ -159,6 +164,8 @@ def _check_imports(tree: ast.Module) -> None:
                               f"{', '.join(f'{m} as {a}' for m, a in IMPORTS.items())}")
         if isinstance(node, ast.Import):
             for alias in node.names:
+                if alias.name in HOST_IMPORTS and alias.asname is None:
+                    continue
                 if IMPORTS.get(alias.name) != alias.asname:
                     raise _fail(node, f"import {alias.name!r} (as {alias.asname!r}) is not allowed; kernels "
                                       f"import only {', '.join(f'{m} as {a}' for m, a in IMPORTS.items())}")
@@ -251,6 +258,12 @@ def _check_symbolic_loop(loop: ast.For, kind: str, bound_before: set[str]) -> No
 
 def _check_function(fdef: ast.FunctionDef) -> None:
     bound: set[str] = {a.arg for a in fdef.args.args}
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in KERNEL_BUILTINS:
+            raise _fail(node, f"kernel {fdef.name!r} calls {node.func.id!r}: inside a kernel only nki functions and "
+                              f"the builtins {', '.join(sorted(KERNEL_BUILTINS))} may be called")
+        if isinstance(node, ast.Name) and node.id in HOST_IMPORTS:
+            raise _fail(node, f"kernel {fdef.name!r} uses the host module {node.id!r}")
 
     def walk(stmts: list[ast.stmt], bound: set[str]) -> None:
         for stmt in stmts:

@@ -168,8 +168,7 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
     """Files and report of `sas compile --backend nki` (compile_pattern's NKI branch)."""
     if dtype not in NKI_DTYPES:
         raise KernelError(f"NKI backend: dtype {dtype!r} is not supported; supported: {', '.join(NKI_DTYPES)}")
-    notes = ["decode over the compact KV cache (cache_id_func / mask_func) is not generated for NKI; "
-             "use the Triton backend or SASAttnKernel for decode"]
+    notes: list[str] = []
     pattern = plan.pattern
     if plan.is_dynamic:
         split = plan.split
@@ -177,7 +176,7 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
             raise NotYetSupportedError(f"NKI backend: the pattern {pattern!r} has no static/dynamic split")
         pattern = split.full
         notes.append("dynamic pattern: the kernels cover its static form (the Dynamic as its whole region) and "
-                     "the importance scores; run-time selection and eviction are not generated for NKI")
+                     "the importance scores; run-time selection, eviction and decode are not generated for NKI")
     seq_len = int(plan.max_len)
     group = num_heads // num_kv_heads
     block = choose_block(seq_len)
@@ -197,9 +196,27 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
         "notes": notes,
         "files": [KERNEL_FILE, "README.md", "report.json"],
     }
-    readme = _template("README.md.jinja").render(r=report, attention=attention, score=score, group=group)
-    files: dict[str, str | bytes] = {KERNEL_FILE: src, "README.md": readme,
-                                     "report.json": json.dumps(report, indent=2) + "\n"}
+    files: dict[str, str | bytes] = {KERNEL_FILE: src}
+    decode_name = None
+    if not plan.is_dynamic and plan.can_decode:
+        try:
+            dsrc = render_nki_decode(plan.analysis, head_dim, group)
+        except NotYetSupportedError as e:
+            notes.append(f"decode not generated: {e}")
+        else:
+            files[DECODE_FILE] = dsrc
+            decode_name = next(line.split("(")[0][4:] for line in dsrc.splitlines()
+                               if line.startswith("def sas_nki_decode_"))
+            report["kernels"]["decode"] = decode_name
+            report["cache_size"] = int(plan.analysis.cache_size)
+            report["decode_block_n"] = int(dsrc.split("BLOCK_N = ")[1].split("\n")[0])
+            report["files"].insert(1, DECODE_FILE)
+    elif not plan.is_dynamic:
+        notes.append("pattern is not causal: prefill only (decode needs a causal pattern)")
+    readme = _template("README.md.jinja").render(r=report, attention=attention, score=score, group=group,
+                                                 decode=decode_name)
+    files["README.md"] = readme
+    files["report.json"] = json.dumps(report, indent=2) + "\n"
     return files, report
 
 
@@ -209,5 +226,54 @@ def load_emulated(source: str) -> dict[str, Any]:
     return load_kernel_module(source)
 
 
-__all__ = ["NKI_BLOCKS", "NKI_DTYPES", "NKI_HEAD_DIMS", "NKI_TEMPLATE_VERSION", "choose_block", "kernel_names",
-           "nki_files", "render_nki", "tile_classes"]
+
+
+DECODE_FILE = "nki_decode.py"
+
+
+def render_nki_decode(analysis: Any, head_dim: int = 128, group: int = 1) -> str:
+    """Source of the NKI decode module for an `Analysis` of a causal static pattern: attention of
+    one new token over the compact cache with `mask_func` inlined, or, where mask_func is not
+    an expression (a table search), with the pattern's predicate applied to the key each slot
+    holds (the kernel then takes `slot_keys`)."""
+    if head_dim not in NKI_HEAD_DIMS:
+        raise KernelError(f"NKI backend: head_dim {head_dim!r} is not supported; supported: "
+                          f"{', '.join(map(str, NKI_HEAD_DIMS))}")
+    if isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= PMAX:
+        raise KernelError(f"NKI backend: group (query heads per KV head) must be in 1..{PMAX}, got {group!r}")
+    if int(analysis.max_len) >= EXACT_INT:
+        raise KernelError(f"NKI decode: max_len must be below {EXACT_INT} (float32-exact index arithmetic)")
+    from sas.codegen.lower_nki import lower_function_mask
+    import ast as _ast
+    from sas.codegen.lower_nki import lower_mask
+    try:
+        mask = lower_function_mask(analysis.functions, "mask_func", ["slot", "pos"], "slot",
+                                   tables=dict(analysis.tables))
+        held_keys = False
+    except NotYetSupportedError:
+        # mask_func is not an expression (a table search): the host passes the key each slot
+        # holds and the kernel applies the pattern's predicate to it, which is what mask_func
+        # computes (the Triton backend's fallback too)
+        mask = lower_mask(analysis.pattern, "pos", "key")
+        held_keys = True
+    cache = int(analysis.cache_size)
+    block_n = next(b for b in NKI_BLOCKS if b <= max(16, cache)) if cache < PMAX else PMAX
+    defs = [s for s in analysis.functions.body if isinstance(s, (_ast.FunctionDef, _ast.Assign, _ast.Import))]
+    functions_source = "\n\n\n".join(_ast.unparse(d) for d in defs).splitlines()
+    key = int(hashlib.sha256(repr((repr(analysis.pattern), int(analysis.max_len), cache, head_dim, group,
+                                   _ast.unparse(analysis.functions), NKI_TEMPLATE_VERSION)).encode())
+              .hexdigest()[:10], 16)
+    src = _template("decode.py.jinja").render(
+        pattern_repr=" ".join(repr(analysis.pattern).split()), pattern_literal=repr(repr(analysis.pattern)),
+        scheme=" ".join(str(getattr(analysis, "scheme", "?")).split()), max_len=int(analysis.max_len),
+        cache_size=cache, head_dim=head_dim, group=group, block_n=block_n,
+        num_slot_blocks=-(-cache // block_n), scale=repr(1.0 / math.sqrt(head_dim)),
+        functions_source=functions_source, mask_lines=mask.lines, mask_name=mask.name, held_keys=held_keys,
+        decode_name=check_identifier(f"sas_nki_decode_{key:010x}", "kernel name"),
+    )
+    check_kernel_source(src, DECODE_FILE)
+    return src
+
+
+__all__ = ["DECODE_FILE", "KERNEL_FILE", "NKI_BLOCKS", "NKI_DTYPES", "NKI_HEAD_DIMS", "NKI_TEMPLATE_VERSION",
+           "choose_block", "kernel_names", "nki_files", "render_nki", "render_nki_decode", "tile_classes"]

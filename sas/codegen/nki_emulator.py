@@ -742,7 +742,8 @@ def load_kernel_module(source: str, filename: str = "<nki kernels>") -> dict[str
     """Check `source` (nki_api.check_kernel_source), then execute it with the NKI imports bound to
     this emulator; returns the module namespace (kernels are `Kernel` objects)."""
     tree = check_kernel_source(source, filename)
-    tree.body = [s for s in tree.body if not isinstance(s, ast.Import)]
+    tree.body = [s for s in tree.body
+                 if not (isinstance(s, ast.Import) and all(a.name in IMPORTS for a in s.names))]
     code = compile(tree, filename, "exec")
     modules = {"nki": nki, "nl": language, "nisa": isa}
     ns: dict[str, Any] = {"__name__": "sas_nki_emulated", **{a: modules[a] for a in IMPORTS.values()}}
