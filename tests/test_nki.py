@@ -291,3 +291,58 @@ def test_decode_with_table_cache_functions_uses_held_keys():
     src = render_nki_decode(a, 16, 2)
     assert "slot_keys" in src and "import bisect" in src
     _decode_check(pattern, 48, 16, 2, 1, range(48))
+
+
+# --- the expression lowering, against Python's own evaluation --------------------------------------
+
+import ast as _ast  # noqa: E402
+
+from hypothesis import strategies as st  # noqa: E402
+
+from sas.codegen.lower_nki import NkiLowering  # noqa: E402
+
+_INT_LEAVES = st.one_of(st.sampled_from(["i", "j"]).map(lambda n: _ast.Name(n, _ast.Load())),
+                        st.integers(-6, 9).map(lambda v: _ast.Constant(v)))
+
+
+def _exprs():
+    def ints(children):
+        return st.one_of(
+            st.tuples(children, st.sampled_from([_ast.Add(), _ast.Sub(), _ast.Mult()]), children)
+            .map(lambda t: _ast.BinOp(t[0], t[1], t[2])),
+            st.tuples(children, st.sampled_from([_ast.FloorDiv(), _ast.Mod()]), st.integers(1, 5))
+            .map(lambda t: _ast.BinOp(t[0], t[1], _ast.Constant(t[2]))),
+            children.map(lambda c: _ast.UnaryOp(_ast.USub(), c)),
+            st.tuples(bools(children), children, children).map(lambda t: _ast.IfExp(t[0], t[1], t[2])),
+        )
+
+    def bools(children):
+        cmp = st.tuples(children, st.sampled_from([_ast.Lt(), _ast.LtE(), _ast.Gt(), _ast.GtE(), _ast.Eq(),
+                                                    _ast.NotEq()]), children) \
+            .map(lambda t: _ast.Compare(t[0], [t[1]], [t[2]]))
+        return st.one_of(cmp, st.tuples(cmp, cmp).map(lambda t: _ast.BoolOp(_ast.And(), list(t))),
+                         st.tuples(cmp, cmp).map(lambda t: _ast.BoolOp(_ast.Or(), list(t))),
+                         cmp.map(lambda c: _ast.UnaryOp(_ast.Not(), c)))
+
+    return st.recursive(_INT_LEAVES, ints, max_leaves=8).flatmap(lambda e: st.one_of(st.just(e), bools(st.just(e))))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_exprs())
+def test_lowering_matches_python_semantics(node):
+    node = _ast.fix_missing_locations(node)
+    low = NkiLowering({"i": "qi", "j": "kj"})
+    v = low.lower(node)
+    assume(not v.is_const)
+    body = "\n    ".join(low.lines)
+    src = (_HEAD + "@nki.jit\ndef kern(a):\n"
+           "    out = nl.ndarray((16, 16), dtype=nl.int32, buffer=nl.shared_hbm)\n"
+           "    i_p = nl.arange(16)[:, None]\n    i_f = nl.arange(16)[None, :]\n"
+           "    qi = nisa.iota(i_p - 5 + 0 * i_f, dtype=nl.int32)\n"
+           "    kj = nisa.iota(i_f - 3 + 0 * i_p, dtype=nl.int32)\n"
+           f"    {body}\n"
+           f"    nl.store(out, nl.multiply({v.text}, 1, dtype=nl.int32))\n    return out\n")
+    got = load_kernel_module(src)["kern"](np.zeros((1, 1), np.float32))
+    code = compile(_ast.Expression(node), "<expr>", "eval")
+    want = np.array([[int(eval(code, {"i": i, "j": j})) for j in range(-3, 13)] for i in range(-5, 11)])
+    np.testing.assert_array_equal(got, want)

@@ -375,7 +375,8 @@ def _tile_new(data: np.ndarray, dtype: DType, buffer: _Buffer = sbuf) -> Tile:
 def _dtype(dtype: Any) -> DType:
     if isinstance(dtype, DType):
         return dtype
-    raise NkiEmulationError(f"unsupported dtype {dtype!r}: use nl.float32, nl.bfloat16, nl.float16, nl.int32 or nl.bool_")
+    raise NkiEmulationError(f"unsupported dtype {dtype!r}: use nl.float32, nl.bfloat16, nl.float16, nl.int32 "
+                            f"or nl.bool_")
 
 
 def ndarray(shape: Any, dtype: Any, buffer: Any = None, name: str = "") -> Any:
