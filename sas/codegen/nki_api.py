@@ -46,6 +46,9 @@ class ApiFunction:
     kwonly: tuple[str, ...] = ()
     varargs: bool = False
     url: str = ""
+    #: "" when the signature was read on `url` itself; else the function whose page documents
+    #: the same form (e.g. the comparison family's keyword-only dtype / mask, from nl.less_equal)
+    form_of: str = ""
 
     @property
     def signature(self) -> str:
@@ -59,10 +62,10 @@ class ApiFunction:
 
 
 def _f(qualname: str, params: str, required: int, kwonly: str = "", *, varargs: bool = False,
-       url: str | None = None) -> ApiFunction:
+       url: str | None = None, form_of: str = "") -> ApiFunction:
     page = url if url is not None else _BASE + qualname + ".html"
     return ApiFunction(qualname, tuple(p for p in params.split() if p), required,
-                       tuple(k for k in kwonly.split() if k), varargs, page)
+                       tuple(k for k in kwonly.split() if k), varargs, page, form_of)
 
 
 _EW2 = "dtype mask"          # keyword-only parameters of the element-wise nl functions
@@ -75,8 +78,7 @@ FUNCTIONS: dict[str, ApiFunction] = {f.qualname: f for f in [
     _f("nki.language.store", "dst value", 2, "mask"),
     _f("nki.language.ndarray", "shape dtype buffer name", 2),
     _f("nki.language.zeros", "shape dtype buffer name", 2),
-    _f("nki.language.full", "shape fill_value dtype buffer name", 3,
-       url=_GENERAL + "nki.language.where.html"),   # documented through its use in the examples there
+    _f("nki.language.full", "shape fill_value dtype", 3, "buffer name"),
     _f("nki.language.copy", "src", 1, "mask dtype"),
     _f("nki.language.transpose", "x", 1, "dtype mask"),
     # indexing and iteration
@@ -90,23 +92,23 @@ FUNCTIONS: dict[str, ApiFunction] = {f.qualname: f for f in [
     # math
     _f("nki.language.exp", "x", 1, _EW2),
     _f("nki.language.add", "x y", 2, _EW2),
-    _f("nki.language.subtract", "x y", 2, _EW2),
-    _f("nki.language.multiply", "x y", 2, _EW2),
-    _f("nki.language.divide", "x y", 2, _EW2),
-    _f("nki.language.maximum", "x y", 2, _EW2),
+    _f("nki.language.subtract", "x y", 2, _EW2, form_of="nki.language.add"),
+    _f("nki.language.multiply", "x y", 2, _EW2, form_of="nki.language.add"),
+    _f("nki.language.divide", "x y", 2, _EW2, form_of="nki.language.add"),
+    _f("nki.language.maximum", "x y", 2, _EW2, form_of="nki.language.add"),
     _f("nki.language.mod", "x y dtype mask", 2),
     _f("nki.language.where", "condition x y", 3, _EW2),
-    _f("nki.language.max", "x axis", 2, "dtype mask keepdims"),
+    _f("nki.language.max", "x axis", 2, "dtype mask keepdims", form_of="nki.language.sum"),
     _f("nki.language.sum", "x axis", 2, "dtype mask keepdims"),
     # comparisons and logic (result dtype bool unless dtype= says otherwise)
-    _f("nki.language.equal", "x y", 2, _EW2),
-    _f("nki.language.not_equal", "x y", 2, _EW2),
-    _f("nki.language.less", "x y", 2, _EW2),
+    _f("nki.language.equal", "x y", 2, _EW2, form_of="nki.language.less_equal"),
+    _f("nki.language.not_equal", "x y", 2, _EW2, form_of="nki.language.less_equal"),
+    _f("nki.language.less", "x y", 2, _EW2, form_of="nki.language.less_equal"),
     _f("nki.language.less_equal", "x y", 2, _EW2),
-    _f("nki.language.greater", "x y", 2, _EW2),
-    _f("nki.language.greater_equal", "x y", 2, _EW2),
-    _f("nki.language.logical_and", "x y", 2, _EW2),
-    _f("nki.language.logical_or", "x y", 2, _EW2),
+    _f("nki.language.greater", "x y", 2, _EW2, form_of="nki.language.less_equal"),
+    _f("nki.language.greater_equal", "x y", 2, _EW2, form_of="nki.language.less_equal"),
+    _f("nki.language.logical_and", "x y", 2, _EW2, form_of="nki.language.less_equal"),
+    _f("nki.language.logical_or", "x y", 2, _EW2, form_of="nki.language.less_equal"),
     _f("nki.language.logical_not", "x", 1, _EW2),
     # ISA
     _f("nki.isa.nc_matmul", "stationary moving", 2,
