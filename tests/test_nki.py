@@ -205,6 +205,32 @@ def test_compile_bad_input_leaves_nothing(tmp_path, kwargs, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_failed_compile_keeps_the_previous_output(tmp_path):
+    out_dir = tmp_path / "nki"
+    compile_pattern(Diag(0, 16), out_dir, backend="nki", max_len=256, head_dim=32)
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    with pytest.raises(KernelError, match="multiple of 16"):
+        compile_pattern(Diag(0, 16), out_dir, backend="nki", max_len=1000, head_dim=32)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nki"]
+
+
+def test_non_causal_and_dynamic_patterns_say_what_is_missing(tmp_path):
+    from sas import Dynamic, ops
+    r = compile_pattern(Diag(-4, 12), tmp_path / "a", backend="nki", max_len=64, head_dim=16)
+    assert "decode" not in r["kernels"] and any("not causal" in n for n in r["notes"])
+    dyn = Diag(0, 8) + Diag(8, 24) * Dynamic(budget=4, score=ops.attn_score().sum(dim=1))
+    r = compile_pattern(dyn, tmp_path / "b", backend="nki", max_len=64, head_dim=16)
+    static_form = Diag(0, 8) + Diag(8, 24)
+    assert r["kernel_pattern"] == repr(static_form) and "Dynamic" in r["pattern"]
+    assert any("selection" in n for n in r["notes"]) and "decode" not in r["kernels"]
+    # the kernels of the static form, with H2O's accumulated scores, run against its exact mask
+    out, ref, score, ref_score = _run(static_form, 64, 16, 1, 1, 64,
+                                      source=(tmp_path / "b" / "nki_kernels.py").read_text())
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(score, ref_score, atol=2e-5, rtol=1e-5)
+
+
 def test_render_refuses_bad_tiles_and_lengths():
     with pytest.raises(KernelError, match="block_m must be one of"):
         render_nki(Causal(), 256, 32, 1, block_m=256, block_n=128)

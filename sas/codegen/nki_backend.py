@@ -211,6 +211,8 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
             report["cache_size"] = int(plan.analysis.cache_size)
             report["decode_block_n"] = int(dsrc.split("BLOCK_N = ")[1].split("\n")[0])
             report["files"].insert(1, DECODE_FILE)
+    elif not plan.is_dynamic and plan.causal:
+        notes.append(f"decode not generated: the analysis failed ({plan.analysis_error})")
     elif not plan.is_dynamic:
         notes.append("pattern is not causal: prefill only (decode needs a causal pattern)")
     readme = _template("README.md.jinja").render(r=report, attention=attention, score=score, group=group,
