@@ -372,3 +372,46 @@ def test_lowering_matches_python_semantics(node):
     code = compile(_ast.Expression(node), "<expr>", "eval")
     want = np.array([[int(eval(code, {"i": i, "j": j})) for j in range(-3, 13)] for i in range(-5, 11)])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1_KERNELS))
+def test_fill_cache_kernel_then_decode(name):
+    """The NKI fill kernel (slot_key_func lowered, one-hot matmuls) leaves the cache the host's
+    cache_id_func writes leave on every slot a query can attend, and decode from it matches."""
+    from sas import analyze
+    from sas.codegen.nki_backend import render_nki_decode
+    pattern, L, D, H, Hkv = TABLE1_KERNELS[name], 192, 16, 2, 1
+    a = analyze(pattern, L)
+    ns = load_kernel_module(render_nki_decode(a, D, H // Hkv))
+    fill = next(k for k in ns if k.startswith("sas_nki_fill_cache_"))
+    dec = next(k for k in ns if k.startswith("sas_nki_decode_"))
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, H, L, D)).astype(np.float32)
+    k = rng.standard_normal((1, Hkv, L, D)).astype(np.float32)
+    v = rng.standard_normal((1, Hkv, L, D)).astype(np.float32)
+    ref, _ = reference_attention(q, k, v, pattern.to_mask(L))
+    for prompt in (1, 37, 100, 160):
+        kc, vc = ns[fill][1, Hkv](k, v, np.array([[prompt - 1]], np.int32))
+        for s in range(a.cache_size):
+            t = a.slot_key_func(s, prompt - 1) if hasattr(a, "slot_key_func") else ns["slot_key_func"](s, prompt - 1)
+            if t >= 0:
+                np.testing.assert_array_equal(kc[0, :, :, s], k[0, :, t])
+                np.testing.assert_array_equal(vc[0, :, s], v[0, :, t])
+        # decode the next token: its key goes to cache_id_func(prompt) first (host side)
+        p = prompt
+        slot = ns["cache_id_func"](p)
+        if slot >= 0:
+            kc[:, :, :, slot], vc[:, :, slot] = k[:, :, p], v[:, :, p]
+        q1 = np.ascontiguousarray(q[:, :, p].reshape(1, Hkv, H // Hkv, D).transpose(0, 1, 3, 2))
+        out = ns[dec][1, Hkv](q1, kc, vc, np.array([[p]], np.int32))
+        np.testing.assert_allclose(out.reshape(1, H, D), ref[:, :, p], atol=2e-5, rtol=0, err_msg=f"prompt {prompt}")
+
+
+def test_compile_table_search_pattern_reports_held_keys(tmp_path):
+    r = compile_pattern(Diag(offset=-2, size=None, stride=3) * Causal(), tmp_path / "t", backend="nki", max_len=48,
+                        head_dim=16)
+    assert r["decode_takes_slot_keys"] and "fill_cache" not in r["kernels"]
+    assert any("slot_keys" in n for n in r["notes"])
+    assert "slot_keys[0, slot] = t" in (tmp_path / "t" / "README.md").read_text()
+    r = compile_pattern(TABLE1_KERNELS["openai_fixed"], tmp_path / "f", backend="nki", max_len=128, head_dim=16)
+    assert not r["decode_takes_slot_keys"] and r["kernels"]["fill_cache"] in (tmp_path / "f" / "README.md").read_text()

@@ -305,4 +305,19 @@ def lower_function_mask(module: ast.Module, name: str, args: list[str], tile: st
     return LoweredMask(tuple(low.lines), v.text)
 
 
-__all__ = ["EXACT_INT", "LoweredMask", "NkiLowering", "lower_function_mask", "lower_mask"]
+def lower_function_value(module: ast.Module, name: str, args: list[str], tile: str, prefix: str = "k_",
+                         tables: dict[str, Any] | None = None) -> LoweredMask:
+    """The int32 tile of the synthesized function `name` of `module` (e.g. slot_key_func) with
+    its parameters bound to the tiles `args`; a constant result becomes a tile through `tile`."""
+    functions = {s.name: s for s in module.body if isinstance(s, ast.FunctionDef)}
+    low = NkiLowering({}, prefix, functions)
+    low.tables = {k: tuple(int(x) for x in v) for k, v in (tables or {}).items()}
+    v = low._as_int(low.body(find_function(module, name), [_V(check_identifier(a, "tile name"), False)
+                                                           for a in args]))
+    if v.is_const:
+        z = low._emit(f"nl.multiply({tile}, 0)", False)
+        v = low._emit(f"nl.add({z.text}, {v.text})", False)
+    return LoweredMask(tuple(low.lines), v.text)
+
+
+__all__ = ["EXACT_INT", "LoweredMask", "NkiLowering", "lower_function_mask", "lower_function_value", "lower_mask"]

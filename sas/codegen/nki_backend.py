@@ -208,6 +208,14 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
             decode_name = next(line.split("(")[0][4:] for line in dsrc.splitlines()
                                if line.startswith("def sas_nki_decode_"))
             report["kernels"]["decode"] = decode_name
+            report["decode_takes_slot_keys"] = f"def {decode_name}(q, k_cache, v_cache, position, slot_keys)" in dsrc
+            fill_name = next((line.split("(")[0][4:] for line in dsrc.splitlines()
+                              if line.startswith("def sas_nki_fill_cache_")), None)
+            if fill_name:
+                report["kernels"]["fill_cache"] = fill_name
+            else:
+                notes.append("no NKI fill_cache kernel (slot_key_func is a table search): the host writes the "
+                             "prompt's keys with cache_id_func; the decode kernel then takes slot_keys")
             report["cache_size"] = int(plan.analysis.cache_size)
             report["decode_block_n"] = int(dsrc.split("BLOCK_N = ")[1].split("\n")[0])
             report["files"].insert(1, DECODE_FILE)
@@ -216,7 +224,7 @@ def nki_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads
     elif not plan.is_dynamic:
         notes.append("pattern is not causal: prefill only (decode needs a causal pattern)")
     readme = _template("README.md.jinja").render(r=report, attention=attention, score=score, group=group,
-                                                 decode=decode_name)
+                                                 decode=decode_name, fill=report["kernels"].get("fill_cache"))
     files["README.md"] = readme
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     return files, report
@@ -258,6 +266,12 @@ def render_nki_decode(analysis: Any, head_dim: int = 128, group: int = 1) -> str
         # computes (the Triton backend's fallback too)
         mask = lower_mask(analysis.pattern, "pos", "key")
         held_keys = True
+    from sas.codegen.lower_nki import lower_function_value
+    try:
+        fill = lower_function_value(analysis.functions, "slot_key_func", ["slot", "pos"], "slot",
+                                    tables=dict(analysis.tables))
+    except (NotYetSupportedError, KernelError):
+        fill = None   # slot_key_func is a table search: the host fills the cache (README)
     cache = int(analysis.cache_size)
     block_n = next(b for b in NKI_BLOCKS if b <= max(16, cache)) if cache < PMAX else PMAX
     defs = [s for s in analysis.functions.body if isinstance(s, (_ast.FunctionDef, _ast.Assign, _ast.Import))]
@@ -272,6 +286,8 @@ def render_nki_decode(analysis: Any, head_dim: int = 128, group: int = 1) -> str
         num_slot_blocks=-(-cache // block_n), scale=repr(1.0 / math.sqrt(head_dim)),
         functions_source=functions_source, mask_lines=mask.lines, mask_name=mask.name, held_keys=held_keys,
         decode_name=check_identifier(f"sas_nki_decode_{key:010x}", "kernel name"),
+        fill_name=check_identifier(f"sas_nki_fill_cache_{key:010x}", "kernel name") if fill else None,
+        fill_lines=fill.lines if fill else (), fill_name_held=fill.name if fill else "",
     )
     check_kernel_source(src, DECODE_FILE)
     return src
