@@ -329,8 +329,6 @@ def test_external_source():
 
 @pytest.mark.parametrize("chain,word", [
     (lambda: ops.attn_score().sample(n=8).sum(dim=1), "SANTA"),
-    (lambda: ops.reuse(layer=0), "Kascade"),
-    (lambda: ops.reuse(layer="anchor0", head_map=(0, 0, 1)), "Kascade"),
 ])
 def test_design_only_ops_raise_not_yet_supported(chain, word):
     with pytest.raises(NotYetSupportedError) as info:

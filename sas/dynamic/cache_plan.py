@@ -31,6 +31,7 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.plan import FOREVER, SCHEDULE_LIMIT, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
 from sas.errors import AnalysisError, EmptyPatternError, NotYetSupportedError, PatternError
+from sas.lang.ops import Fraction
 from sas.lang.pattern import MAX_INDEX, Pattern
 from sas.limits import check_host_bytes
 
@@ -135,6 +136,19 @@ class DynamicCachePlan:
                 "score_path": "fused kernel" if self.fused else "torch (general chain)"}
 
 
+def _check_kascade(pattern: Any) -> None:
+    """Kascade's operators (a run-time fraction budget, publish=, ops.reuse) run on their own
+    runtime (`sas.methods.kascade_runtime`), not on the H2O cache layout."""
+    dyn = pattern.dynamic if isinstance(pattern, DynamicPlan) else None
+    dyns = [dyn] if dyn is not None else list(pattern.dynamics())
+    for d in dyns:
+        if isinstance(d.budget, Fraction) or d.publish is not None or d.score.nodes[0].name == "reuse":
+            raise NotYetSupportedError(
+                f"{d!r}: a fraction budget, publish= and ops.reuse run on Kascade's runtime "
+                f"(sas.integrations.kascade.kascade_attention, sas.methods.kascade_runtime), not on the H2O "
+                f"cache layout of SASAttnKernel")
+
+
 def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicCachePlan:
     """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 < max_len <= MAX_INDEX:
@@ -145,6 +159,7 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
                            f"per table)")
     check_host_bytes(f"the region schedule of a dynamic pattern at max_len={max_len} (per-token tables)",
                      SCHEDULE_BYTES_PER_TOKEN * max_len, "use a smaller max_len")
+    _check_kascade(pattern)
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
     try:

@@ -292,7 +292,7 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
         rows = np.arange(max_len)[:, None]
         last_table = np.where(m.any(0), np.where(m, rows, -1).max(0), NEVER).astype(np.int64)
     capacity = _region_capacity(cols) if cols is not None else None
-    if capacity is not None and dyn.budget > capacity:
+    if capacity is not None and isinstance(dyn.budget, int) and dyn.budget > capacity:
         raise PatternError(
             f"Dynamic(budget={dyn.budget}) is larger than its region (the cells of {full!r} outside the "
             f"static part {static!r}), which never holds more than {capacity} candidate keys at once; use "

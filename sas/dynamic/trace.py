@@ -41,6 +41,7 @@ from sas.errors import KernelError, NotYetSupportedError, PatternError, SASError
 from sas.lang import ops as ops_mod
 from sas.lang import sym as sym_mod
 from sas.lang.ops import OpChain, OpNode
+from sas.methods import kascade as kascade_mod
 from sas.methods import saap as saap_mod
 
 # Axis labels of the chain view (batch implicit).
@@ -52,8 +53,6 @@ _REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 _DESIGN_ONLY = {
     "sample": "SANTA-style value sampling (ops...sample) changes how values are aggregated, not "
               "only which keys are kept",
-    "reuse": "Kascade-style selection reuse across layers (ops.reuse) needs state shared between "
-             "the kernels of several layers",
 }
 
 
@@ -277,6 +276,8 @@ class _Tracer:
             return node, SOURCE_LABELS
         if n.name == "partition":
             return self.partition(a, where), SOURCE_LABELS
+        if n.name == "reuse":
+            return self.reuse(a, where), (HEAD, KEY)
         if n.name in _DESIGN_ONLY:
             raise NotYetSupportedError(
                 f"score op {where}: {_DESIGN_ONLY[n.name]}; it is designed (docs/dynamic.md) but not "
@@ -301,6 +302,19 @@ class _Tracer:
         self.uses.update({"q", "k"})
         node = self.call(saap_mod.partition_source, (self.ph["q"], self.ph["k"], *nodes), op=where, kind="source")
         node.meta["sas_source"] = "partition"
+        return node
+
+    def reuse(self, a: dict, where: str) -> fx.Node:
+        """Kascade: an index source. The keys come from the selection another layer published in
+        the same forward step (sas.methods.kascade); it is already one value per (KV head, key),
+        so the chain ends here (no transform may follow)."""
+        if len(self.root_chain.nodes) != 1:
+            raise PatternError(f"score chain {self.root_chain!r}: ops.reuse(...) is an index source and takes no "
+                               f"transforms; write score=ops.reuse(name, head_map=...)")
+        self.uses.add("k")
+        node = self.call(kascade_mod.reuse_source, (self.ph["k"], a["layer"], a["head_map"]), op=where,
+                         kind="source")
+        node.meta["sas_source"] = "reuse"
         return node
 
     def custom(self, name: str) -> fx.Node:

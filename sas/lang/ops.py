@@ -19,7 +19,7 @@ from sas.lang.sym import check_input_name
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 SAMPLE_METHODS = ("multinomial", "stratified", "systematic")
 _RESERVED_OPS = frozenset({"attn_score", "register", "default_score", "custom_op", "external",
-                           "partition", "reuse", "sample", "OpChain", "OpNode"})
+                           "partition", "reuse", "sample", "OpChain", "OpNode", "fraction", "Fraction"})
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,12 @@ def partition(centroids: str, classifier: str, probes: int) -> OpChain:
 
 
 def reuse(layer: int | str, head_map: tuple[int, ...] | None = None) -> OpChain:
-    """Kascade: reuse the key selection an anchor layer computed (`head_map[h]` = the anchor's
-    KV head whose selection KV head h reuses; None = the same head).
+    """Kascade: reuse the key selection an anchor layer published (`Dynamic(..., publish=name)`)
+    in the same forward step; `head_map[h]` = the anchor's KV head whose selection KV head h
+    reuses (None = the same head). An index source: it computes no score.
 
-    Designed, not executable yet (tracing raises NotYetSupportedError); see docs/dynamic.md.
+    Runs with a name (`ops.reuse("kascade", ...)`) through `sas.integrations.kascade` and
+    `sas.methods.kascade_runtime`; a layer index raises NotYetSupportedError there.
     """
     if isinstance(layer, bool) or not (
             (isinstance(layer, int) and layer >= 0) or (isinstance(layer, str) and layer.isidentifier())):
@@ -171,6 +173,33 @@ def reuse(layer: int | str, head_map: tuple[int, ...] | None = None) -> OpChain:
             raise PatternError(f"ops.reuse(head_map=...) must be a tuple of KV-head indices >= 0, got {head_map!r}")
         head_map = tuple(head_map)
     return OpChain((OpNode("reuse", (("head_map", head_map), ("layer", layer))),))
+
+
+@dataclass(frozen=True)
+class Fraction:
+    """A run-time budget: `min(max(int(frac * n), min_keys), n)` keys of the `n` a step sees
+    (Kascade: 10% of the current length, at least 128 keys). Made by `ops.fraction`."""
+
+    frac: float
+    min_keys: int = 1
+
+    def keys(self, n: int) -> int:
+        """The budget for a step over `n` keys (never more than `n`)."""
+        return min(max(int(self.frac * n), self.min_keys), n)
+
+    def __repr__(self):
+        return f"fraction({self.frac!r}, min={self.min_keys})"
+
+
+def fraction(frac: float, min: int = 1) -> Fraction:  # noqa: A002  (the paper's word)
+    """Budget as a fraction of the keys a step sees, with a minimum count (`Dynamic(budget=...)`).
+
+    `frac` in (0, 1]; `min` >= 1 keys. Kascade: `ops.fraction(0.1, min=128)`."""
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1 or math.isnan(frac):
+        raise PatternError(f"ops.fraction(frac=...) must be a number in (0, 1], got {frac!r}")
+    if isinstance(min, bool) or not isinstance(min, int) or min < 1:
+        raise PatternError(f"ops.fraction(min=...) must be an integer >= 1 (keys), got {min!r}")
+    return Fraction(float(frac), int(min))
 
 
 def default_score() -> OpChain:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sas.errors import PatternError
-from sas.lang.ops import OpChain, default_score
+from sas.lang.ops import Fraction, OpChain, default_score
 from sas.lang.pattern import MAX_INDEX, Pattern, _b
 
 Bound = tuple[int | None, int | None] | None
@@ -273,12 +273,21 @@ class Dynamic(Pattern):
     the region it should act on.
     """
 
-    budget: int
+    budget: Any
     score: Any = field(default=None)
     refresh: bool = False
+    #: Kascade: the name under which this layer publishes its selected key sets for
+    #: `ops.reuse(name)` layers of the same forward step (None: not published)
+    publish: str | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "budget", _check_int("Dynamic(budget=...)", self.budget, minimum=1))
+        if isinstance(self.budget, Fraction):       # a run-time budget (ops.fraction)
+            pass
+        else:
+            object.__setattr__(self, "budget", _check_int("Dynamic(budget=...)", self.budget, minimum=1))
+        if self.publish is not None and (not isinstance(self.publish, str) or not self.publish.isidentifier()):
+            raise PatternError(f"Dynamic(publish=...) must be an identifier naming the published selection "
+                               f"(e.g. 'kascade') or None, got {self.publish!r}")
         if self.score is None:
             object.__setattr__(self, "score", default_score())
         elif not isinstance(self.score, OpChain):
@@ -302,4 +311,5 @@ class Dynamic(Pattern):
         return None, None
 
     def __repr__(self):
-        return f"Dynamic(budget={self.budget}, score={self.score!r}, refresh={self.refresh})"
+        pub = f", publish={self.publish!r}" if self.publish is not None else ""
+        return f"Dynamic(budget={self.budget!r}, score={self.score!r}, refresh={self.refresh}{pub})"
