@@ -133,7 +133,7 @@ class DynamicPlan:
         else:
             first, last = self.candidate_span(n)
             most = max(1, most_candidates(first, last, n))
-        cap = most if self.dynamic.budget > most else None
+        cap = most if isinstance(self.dynamic.budget, int) and self.dynamic.budget > most else None
         return self if cap == self.budget_cap else replace(self, budget_cap=cap)
 
     @property
