@@ -31,7 +31,7 @@ from sas.methods.saap_triton import saap_merge_kernel
 
 LOG2E = 1.4426950408889634
 #: bytes of pooled tile scores alive at once in prefill selection (the chunk of tiles)
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 2**30
 
 
 def _interpreting() -> bool:
