@@ -226,6 +226,12 @@ def probabilities(q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, 
     return torch.softmax(s, -1).reshape(q.shape[0], q.shape[1], k.shape[2])
 
 
+def expected_draws(probs: torch.Tensor, n: int) -> torch.Tensor:
+    """The score-graph stand-in of `.sample(n)`: expected draws per key and KV head,
+    `n * sum(p)` over the chain view's (group head, query) axis: [B, Hkv, G*Lq, Lk] -> [B, Hkv, Lk]."""
+    return probs.sum(dim=2) * n
+
+
 # --- per-tile budgets (the two kernels' rules) ---------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -359,6 +365,6 @@ def torch_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, meth
 
 __all__ = ["ALLOCS", "DEFAULT_SEED", "ESTIMATORS", "GROUPS", "METHODS", "STRATEGIES", "SantaRandom",
            "TileBudgets", "bernoulli_query", "bernoulli_uniform_shape", "check_choice", "check_samples",
-           "check_seed", "count_form", "draw_points", "estimate", "exact_moments", "flash_reference",
+           "check_seed", "count_form", "draw_points", "estimate", "exact_moments", "expected_draws", "flash_reference",
            "flash_tile_samples", "group_query", "probabilities", "prop_reference", "sample_counts",
            "tile_budgets", "tile_weights", "torch_sample", "uniforms_shape"]

@@ -271,7 +271,8 @@ class SantaDecoder:
         self.reset()
         self.k = torch.zeros(b, hkv, self.cache_size, d, dtype=k.dtype, device=k.device)
         self.v = torch.zeros_like(self.k)
-        mask = None if self.prompt_mask is None else torch.as_tensor(self.prompt_mask(p), device=q.device)
+        m = None if self.prompt_mask is None else self.prompt_mask(p)
+        mask = None if m is None else torch.as_tensor(m, device=q.device)
         scale = self.scale
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=q.shape[1] != hkv)
