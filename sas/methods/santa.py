@@ -323,9 +323,9 @@ def prop_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, u:
     b, hq, _ = q.shape
     lk = k.shape[2]
     _, m_t, ut, t = _tile_scores(q, k, valid, scale, tile)
-    l_t = ut.sum(-1)
     if stash_dtype is not None:
         ut = ut.to(stash_dtype).to(torch.float64)
+    l_t = ut.sum(-1)
     bud = tile_budgets(m_t, l_t, n, alloc, u)
     x = bud.inv[..., None] * ut
     counts = count_form(x, bud.offset[..., None]).reshape(b, hq, t * tile)[..., :lk]

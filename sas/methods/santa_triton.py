@@ -73,13 +73,13 @@ def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, NCAP, N, G, D, T, qk_s
                                HAS_MASK, UPCAST, DOT_PRECISION)
     m = tl.max(s, axis=1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    u = tl.exp2(s - m_safe[:, None])
-    l = tl.sum(u, axis=1)
+    u = tl.exp2(s - m_safe[:, None]).to(STASH.dtype.element_ty)
+    l = tl.sum(u.to(tl.float32), axis=1)      # the sum of what is stashed: the tile's draws add up exactly
     rows = tl.arange(0, BLOCK_G)
     row_ok = rows < G
     hrow = bh * G + rows
     tl.store(STASH + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :],
-             u.to(STASH.dtype.element_ty), mask=row_ok[:, None])
+             u, mask=row_ok[:, None])
     tl.store(M_T + hrow * T + t, m_safe, mask=row_ok)
     tl.store(L_T + hrow * T + t, l, mask=row_ok)
 
