@@ -147,6 +147,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         torch.zeros(1, dtype=torch.int32, device=dev)
     grid = (b * hkv, t)
     qk_scale_log2 = scale * LOG2E
+    warps = 8 if block_n * block_d >= 16384 else 4
     if options.strategy == "flash":
         u = random.uniform((b, hq, t), dev) if uniforms is None else uniforms
         _check_uniforms(u, (b, hq, t), "flash")
@@ -157,7 +158,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         santa_flash_kernel[grid](qc, kc, vc, mk, u.contiguous(), o_part, m_part, l_part, counts, ncap, n_keys, g, d,
                                  t, qk_scale_log2, float(s_tile), BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
                                  HAS_MASK=has_mask, STORE_COUNTS=return_counts, UPCAST=upcast,
-                                 DOT_PRECISION=precision)
+                                 DOT_PRECISION=precision, num_warps=warps)
         out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
         santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, BLOCK_T=min(_pow2(t), 64),
                                             BLOCK_D=block_d)
@@ -169,7 +170,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     l_t = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
     santa_prop_scores_kernel[grid](qc, kc, mk, stash, m_t, l_t, ncap, n_keys, g, d, t, qk_scale_log2,
                                    BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask,
-                                   UPCAST=upcast, DOT_PRECISION=precision)
+                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
     out32 = torch.empty(b * hq, d, dtype=torch.float32, device=dev)
     if options.alloc == "global_sys":
         u = random.uniform((b, hq, 1), dev) if uniforms is None else uniforms
@@ -190,7 +191,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         out32.zero_()
     santa_prop_gather_kernel[grid](stash, inv, off, st, vc, out32, counts, ncap, n_keys, g, d, t, 1.0 / options.n,
                                    BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, STORE_COUNTS=return_counts,
-                                   UPCAST=upcast, DOT_PRECISION=precision)
+                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
     out = out32.reshape(b, hq, d).to(q.dtype)
     return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
 
