@@ -32,6 +32,7 @@ _REASON = {
     "opaque": "custom operation with no fusion rule",
     "reduce": "reduction over a value used more than once",
     "elementwise": "elementwise over graph inputs only",
+    "sample": "SANTA sampling runs on its own decode kernels (sas.methods.santa_triton)",
 }
 
 

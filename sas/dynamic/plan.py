@@ -140,6 +140,11 @@ class DynamicPlan:
     def refresh(self) -> bool:
         return self.dynamic.refresh
 
+    @property
+    def is_sample(self) -> bool:
+        """SANTA: the chain ends with `.sample(...)` (value sampling, sas.methods.santa_dynamic)."""
+        return self.score.sample is not None
+
     def static_rows(self, i0: int, i1: int, n_keys: int) -> np.ndarray:
         """`[i1 - i0, n_keys]` bool: static cells of queries i0..i1-1."""
         i = np.arange(i0, i1, dtype=np.int64)[:, None]

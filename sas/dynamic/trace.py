@@ -43,6 +43,7 @@ from sas.lang import sym as sym_mod
 from sas.lang.ops import OpChain, OpNode
 from sas.methods import kascade as kascade_mod
 from sas.methods import saap as saap_mod
+from sas.methods import santa as santa_mod
 
 # Axis labels of the chain view (batch implicit).
 HEAD, QUERY, KEY = "Hkv", "G*Lq", "Lk"
@@ -51,8 +52,6 @@ SOURCE_LABELS = (HEAD, QUERY, KEY)
 _ARITH = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 _REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
 _DESIGN_ONLY = {
-    "sample": "SANTA-style value sampling (ops...sample) changes how values are aggregated, not "
-              "only which keys are kept",
 }
 
 
@@ -70,6 +69,9 @@ class ScoreGraph:
     head_shared: bool                          # output [B, 1, Lk] (reduced over KV heads)
     starts_with_attn_score: bool               # first op is attn_score(): softmax stats reusable
     extra_inputs: tuple[tuple[str, str], ...] = ()  # ("weight" | "external", name) in call order
+    #: SANTA (`.sample(...)` ends the chain): its arguments plus the score estimator's
+    #: (`qk`, `qk_samples`, `qk_group`); None for selection chains
+    sample: Mapping[str, Any] | None = None
 
     @property
     def graph(self) -> fx.Graph:
@@ -254,6 +256,10 @@ class _Tracer:
     def source(self, n: OpNode, where: str) -> tuple[fx.Node, tuple[str, ...]]:
         a = dict(n.args)
         if n.name == "attn_score":
+            if a and self.root_chain.nodes[-1].name != "sample":
+                raise NotYetSupportedError(
+                    f"score op {where}: the Bernoulli score estimator (SANTA section 5) runs only in a "
+                    f"sampling chain, ops.attn_score(estimator='bernoulli').sample(n=...)")
             self.uses.update({"attn_probs", "k"})
             node = self.call(score_ops.attn_score, (self.ph["attn_probs"], self.ph["k"]),
                              op="attn_score()", kind="source")
@@ -406,6 +412,8 @@ class _Tracer:
             node = self.call(_ARITH[n.name], (x, y), op=f"{n.name}({'chain' if isinstance(other, OpChain) else other})",
                              kind="elementwise")
             return node, labels
+        if n.name == "sample":
+            return self.sample(n, x, labels, where)
         if n.name in _DESIGN_ONLY:
             raise NotYetSupportedError(
                 f"score op {where}: {_DESIGN_ONLY[n.name]}; it is designed (docs/dynamic.md) but not "
@@ -413,6 +421,21 @@ class _Tracer:
         if n.name in ("attn_score", "custom", "external"):
             raise PatternError(f"score op {where}: a source can only start a chain")
         raise PatternError(f"score op {where}: unknown operator {n.name!r}")
+
+
+    def sample(self, n: OpNode, x: fx.Node, labels: tuple[str, ...], where: str):
+        """SANTA: `.sample(n, method)` ends a chain `ops.attn_score().sample(...)`; per query head it
+        turns the probabilities into draw counts and changes the output (sas.methods.santa). In
+        the graph it stands for the expected draws per key and KV head, `n * sum(p)` over the
+        group's heads and the step's queries."""
+        chain = self.root_chain
+        if chain.nodes[-1] is not n or len(chain.nodes) != 2 or chain.nodes[0].name != "attn_score":
+            raise NotYetSupportedError(
+                f"score op {where}: SANTA value sampling runs as ops.attn_score().sample(n=..., method=...) "
+                f"alone (per query head, over the exact post-softmax attention; docs/dynamic.md section 6, "
+                f"docs/santa.md); got {chain!r}")
+        node = self.call(santa_mod.expected_draws, (x, dict(n.args)["n"]), op=repr(n), kind="sample")
+        return node, (HEAD, KEY)
 
 
 _ELEMENTWISE_FUNCS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg,
@@ -476,5 +499,10 @@ def trace_score(chain: OpChain) -> ScoreGraph:
     gm = fx.GraphModule(torch.nn.Module(), t.graph, class_name="ScoreGraph")
     extra = tuple(("weight", n.meta["sas_weight"]) if "sas_weight" in n.meta else ("external", n.meta["sas_external"])
                   for n in t.graph.nodes if n.op == "placeholder" and n.name not in ("attn_probs", "q", "k"))
+    sample = None
+    if last.name == "sample":
+        qk = dict(chain.nodes[0].args)
+        sample = dict(last.args, qk=qk.get("estimator", "exact"), qk_samples=qk.get("samples", 8),
+                      qk_group=qk.get("group", "mean"))
     return ScoreGraph(chain, gm, dict(t.weights), tuple(t.externals), frozenset(t.uses), head_shared,
-                      chain.nodes[0].name == "attn_score", extra)
+                      chain.nodes[0].name == "attn_score", extra, sample)

@@ -18,6 +18,8 @@ from sas.lang.sym import check_input_name
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 SAMPLE_METHODS = ("multinomial", "stratified", "systematic")
+SAMPLE_STRATEGIES = ("prop", "flash", "torch")
+SAMPLE_ALLOCS = ("global_sys", "largest_remainder")
 _RESERVED_OPS = frozenset({"attn_score", "register", "default_score", "custom_op", "external",
                            "partition", "reuse", "sample", "OpChain", "OpNode", "fraction", "Fraction"})
 
@@ -73,16 +75,39 @@ class OpChain:
             raise PatternError(f"topk(k=...) must be a positive integer, got {k!r}")
         return self._then("topk", k=k)
 
-    def sample(self, n: int, method: str = "systematic") -> "OpChain":
-        """SANTA: draw `n` key indices per query from the (post-softmax) distribution.
+    def sample(self, n: int, method: str = "systematic", *, strategy: str = "prop", alloc: str = "global_sys",
+               tile: int | None = None, seed: int | None = 0) -> "OpChain":
+        """SANTA: draw `n` key indices per query head from the post-softmax distribution and
+        average their value rows (an unbiased estimate of the attention output; docs/santa.md).
 
-        Designed, not executable yet (tracing raises NotYetSupportedError); see docs/dynamic.md.
+        `method`: "multinomial" | "stratified" | "systematic"; kernel options (recorded only when
+        not the default): `strategy` "prop" | "flash" (systematic) or "torch", prop's tile budgets
+        `alloc` "global_sys" (unbiased) | "largest_remainder" (the paper's, biased), the key
+        `tile` (a power of two), and the random `seed` (None: torch's global generator).
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise PatternError(f"sample(n=...) must be a positive integer, got {n!r}")
         if method not in SAMPLE_METHODS:
             raise PatternError(f"sample(method=...) must be one of {SAMPLE_METHODS}, got {method!r}")
-        return self._then("sample", method=method, n=n)
+        opts: dict[str, Any] = {}
+        for name, value, valid, default in (("strategy", strategy, SAMPLE_STRATEGIES, "prop"),
+                                            ("alloc", alloc, SAMPLE_ALLOCS, "global_sys")):
+            if value not in valid:
+                raise PatternError(f"sample({name}=...) must be one of {valid}, got {value!r}")
+            if value != default:
+                opts[name] = value
+        if method != "systematic" and strategy != "torch":
+            raise PatternError(f"sample(method={method!r}): the prop and flash kernels draw systematically; "
+                               f"use strategy='torch' for {method!r}")
+        if tile is not None:
+            if not isinstance(tile, int) or isinstance(tile, bool) or tile < 16 or tile & (tile - 1):
+                raise PatternError(f"sample(tile=...) must be a power of two >= 16, got {tile!r}")
+            opts["tile"] = tile
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise PatternError(f"sample(seed=...) must be None or an integer >= 0, got {seed!r}")
+        if seed != 0:
+            opts["seed"] = seed
+        return self._then("sample", method=method, n=n, **opts)
 
     def _arith(self, name: str, other: Any) -> "OpChain":
         if isinstance(other, OpChain):
@@ -124,9 +149,22 @@ class OpChain:
         return ".".join(repr(n) for n in self.nodes)
 
 
-def attn_score() -> OpChain:
-    """Post-softmax attention probabilities of the active queries over the keys."""
-    return OpChain((OpNode("attn_score"),))
+def attn_score(*, estimator: str = "exact", samples: int = 8, group: str = "mean") -> OpChain:
+    """Post-softmax attention probabilities of the active queries over the keys.
+
+    `estimator="bernoulli"` (SANTA section 5, only before `.sample(...)`): the scores come from
+    the paper's Bernoulli ternary query, `samples` draws per feature, `group` "mean" (the GQA
+    mean group query) or "head"; recorded only when not "exact".
+    """
+    if estimator == "exact":
+        return OpChain((OpNode("attn_score"),))
+    if estimator != "bernoulli":
+        raise PatternError(f"attn_score(estimator=...) must be 'exact' or 'bernoulli', got {estimator!r}")
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise PatternError(f"attn_score(samples=...) must be a positive integer, got {samples!r}")
+    if group not in ("mean", "head"):
+        raise PatternError(f"attn_score(group=...) must be 'mean' or 'head', got {group!r}")
+    return OpChain((OpNode("attn_score", (("estimator", estimator), ("group", group), ("samples", samples))),))
 
 
 def external(name: str) -> OpChain:

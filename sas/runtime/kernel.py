@@ -32,6 +32,7 @@ from sas.codegen.triton_backend import DecodeOptions, PrefillOptions
 from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
 from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
+from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.plan import Plan, make_plan
 from sas.runtime.checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
 from sas.runtime.dynamic import DynamicRuntime
@@ -97,7 +98,7 @@ class _StaticSession:
 class _DynamicSession:
     """The stateful cache and selection of a dynamic pattern (`DynamicRuntime`)."""
 
-    def __init__(self, runtime: DynamicRuntime | SaapDynamicRuntime, plan: Plan):
+    def __init__(self, runtime: DynamicRuntime | SaapDynamicRuntime | SantaDynamicRuntime, plan: Plan):
         self.runtime = runtime
         self.plan = plan
 
@@ -206,6 +207,8 @@ class SASAttnKernel(torch.nn.Module):
         if plan.is_dynamic and is_partition(plan.split):     # Saap: bucket index + its own kernel
             self._session: _StaticSession | _DynamicSession = _DynamicSession(
                 SaapDynamicRuntime(plan, self.other_inputs), plan)
+        elif plan.is_dynamic and is_sample(plan.split):     # SANTA: value sampling on its own kernels
+            self._session = _DynamicSession(SantaDynamicRuntime(plan, self.other_inputs), plan)
         elif plan.is_dynamic:
             self._session = _DynamicSession(DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
         else:

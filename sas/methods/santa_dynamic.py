@@ -1,0 +1,133 @@
+"""`.sample(...)` inside `SASAttnKernel`: a dynamic pattern whose score chain is
+`ops.attn_score().sample(n=S, method=...)` runs on `SantaDecoder` instead of the H2O runtime
+(docs/santa.md, docs/dynamic.md section 6).
+
+    santa = Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S, method="systematic"),
+                               refresh=True)
+    window_santa = (Rect(cols=(0, 4)) + Diag(0, 1024)) * Causal() * Dynamic(budget=S, score=..., refresh=True)
+
+The Dynamic multiplies the whole pattern (its static part is empty): every decode query draws S
+keys per query head from its exact softmax over the cells the pattern without the Dynamic
+attends (`plan.full`), inside that pattern's compact KV cache (`sas.analyze(plan.full)`: slots,
+`cache_id_func`; a window keeps only its window). The prompt attends `plan.full` exactly (the
+paper prefills densely). A non-empty static part (exact cells beside sampled ones) raises
+`NotYetSupportedError`; so does `refresh=False` (sampling draws anew at every step and evicts
+nothing). `budget` plays no part beyond the usual checks: the draws are `n` per query head.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from sas.analysis import analyze
+from sas.dynamic.plan import DynamicPlan
+from sas.errors import NotYetSupportedError
+from sas.methods.santa import SantaRandom
+from sas.methods.santa_runtime import SantaDecoder, SantaOptions
+from sas.plan import Plan
+
+#: rows examined to tell whether the static part is empty
+SHAPE_ROWS = 512
+
+
+def is_sample(split: DynamicPlan | None) -> bool:
+    """Whether a dynamic split's score chain ends with `.sample(...)` (SANTA)."""
+    return split is not None and split.score.sample is not None
+
+
+def options_of(split: DynamicPlan) -> tuple[SantaOptions, int | None]:
+    """The kernel options and the seed recorded in the chain."""
+    a = dict(split.score.sample)
+    return SantaOptions(n=a["n"], method=a["method"], strategy=a.get("strategy", "prop"),
+                        alloc=a.get("alloc", "global_sys"), tile=a.get("tile"), qk=a["qk"],
+                        qk_samples=a["qk_samples"], qk_group=a["qk_group"]), a.get("seed", 0)
+
+
+class SantaDynamicRuntime:
+    """The `DynamicRuntime` stand-in for `.sample(...)` patterns (same interface for
+    `SASAttnKernel`: prefill, decode, reset, state with .k/.v, length). `random` is the
+    `SantaRandom` every step draws from (replace it to use another seed or generator)."""
+
+    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any] | None = None, *,
+                 random: SantaRandom | None = None):
+        split = plan.split
+        if not split.refresh:
+            raise NotYetSupportedError("SANTA sampling (.sample) draws anew at every step and keeps every key of "
+                                       "the pattern: use Dynamic(..., refresh=True)")
+        n = min(plan.max_len, SHAPE_ROWS)
+        if split.static.to_mask(n).any():
+            raise NotYetSupportedError(
+                f"SANTA sampling with a static part ({split.static!r}) beside the sampled region: exact cells "
+                f"merged with sampled ones are not implemented; multiply the whole pattern by the Dynamic, "
+                f"e.g. Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S), refresh=True)")
+        self.plan, self.split = plan, split
+        self.max_len = plan.max_len
+        self.options, seed = options_of(split)
+        self.analysis = analyze(split.full, plan.max_len)
+        full = split.full
+
+        def attends(pos: int, keys: np.ndarray) -> np.ndarray:
+            return np.asarray(full.evaluate(np.full(keys.shape, pos, dtype=np.int64), keys), dtype=bool)
+
+        def prompt_mask(p: int) -> np.ndarray | None:
+            m = full.to_mask(p)
+            return None if np.array_equal(m, np.tri(p, dtype=bool)) else m
+
+        self.decoder = SantaDecoder(self.options, max_len=plan.max_len, cache_size=int(self.analysis.cache_size),
+                                    cache_ids=self.analysis.cache_ids(plan.max_len), attends=attends,
+                                    random=SantaRandom(seed) if random is None else random,
+                                    prompt_mask=prompt_mask)
+
+    @property
+    def random(self) -> SantaRandom:
+        return self.decoder.random
+
+    @random.setter
+    def random(self, value: SantaRandom) -> None:
+        self.decoder.random = value
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+    @property
+    def state(self) -> SantaDecoder | None:
+        return self.decoder if self.decoder.k is not None else None
+
+    @property
+    def length(self) -> int:
+        return self.decoder.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.decoder.length = value
+
+    @property
+    def last_counts(self) -> torch.Tensor | None:
+        """Draws per cache slot [B, Hq, slots] of the last step (set `keep_counts = True` first)."""
+        return self.decoder.last_counts
+
+    @property
+    def keep_counts(self) -> bool:
+        return self.decoder.keep_counts
+
+    @keep_counts.setter
+    def keep_counts(self, value: bool) -> None:
+        self.decoder.keep_counts = bool(value)
+
+    def report(self) -> dict[str, Any]:
+        o = self.options
+        return {"method": "santa", "n": o.n, "sampler": o.method, "strategy": o.strategy, "alloc": o.alloc,
+                "tile": o.block_n, "qk": o.qk, "cache_size": int(self.analysis.cache_size),
+                "random": repr(self.random)}
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.decoder.prefill(q, k, v)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.decoder.decode(q, k, v)
+
+
+__all__ = ["SantaDynamicRuntime", "is_sample", "options_of"]

@@ -1,0 +1,304 @@
+"""SANTA at run time: the decode launches (`santa_decode`) and the per-layer decoder state
+(`SantaDecoder`: a KV cache of the attended pattern, the uniforms, one step per token).
+
+`santa_decode(q, k_cache, v_cache, n_keys, n, strategy=..., ...)` runs one decode query per
+head over the cache slots [0, n_keys) (optionally filtered by `mask`): prop (score stash,
+per-tile budgets, parallel sparse V gather) or flash (per-tile draws, deferred merge), on the
+kernels of `sas.methods.santa_triton`; `strategy="torch"` runs the section-2 estimators
+(multinomial, stratified, systematic) in plain PyTorch. The same uniforms give the same draws,
+and the float64 references `sas.methods.santa.prop_reference` / `flash_reference` reproduce
+the kernels' counts from them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sas.errors import KernelError
+from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
+                               bernoulli_uniform_shape, check_choice, check_samples, flash_tile_samples,
+                               sample_counts, tile_budgets, uniforms_shape)
+from sas.methods.santa_triton import (santa_flash_kernel, santa_flash_merge_kernel, santa_prop_budget_kernel,
+                                      santa_prop_gather_kernel, santa_prop_scores_kernel)
+
+LOG2E = 1.4426950408889634
+DEFAULT_TILE = {"prop": 256, "flash": 256}
+
+
+def _pow2(x: int, least: int = 1) -> int:
+    return max(least, 1 << max(0, (x - 1).bit_length()))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class SantaOptions:
+    """How one SANTA layer samples: S draws per query head (`n`), the estimator (`method`), the
+    kernel (`strategy`), prop's tile budgets (`alloc`), the key tile, the stash precision, and
+    the score estimator (`qk="exact"` or the paper's Bernoulli ternary query with `qk_samples`
+    draws, `qk_group` "mean" (GQA mean group query) or "head")."""
+
+    n: int
+    method: str = "systematic"
+    strategy: str = "prop"
+    alloc: str = "global_sys"
+    tile: int | None = None
+    stash: str = "float32"
+    qk: str = "exact"
+    qk_samples: int = 8
+    qk_group: str = "mean"
+
+    def __post_init__(self):
+        where = "SANTA options"
+        check_samples(self.n, where, KernelError)
+        check_choice(self.method, METHODS, "method", where, KernelError)
+        check_choice(self.strategy, STRATEGIES, "strategy", where, KernelError)
+        check_choice(self.alloc, ALLOCS, "alloc", where, KernelError)
+        check_choice(self.stash, ("float32", "cache"), "stash", where, KernelError)
+        check_choice(self.qk, ESTIMATORS, "qk", where, KernelError)
+        check_samples(self.qk_samples, f"{where} (qk_samples)", KernelError)
+        check_choice(self.qk_group, GROUPS, "qk_group", where, KernelError)
+        if self.method != "systematic" and self.strategy != "torch":
+            raise KernelError(f"{where}: the prop and flash kernels draw systematically; method={self.method!r} "
+                              f"runs with strategy='torch'")
+        if self.tile is not None and (isinstance(self.tile, bool) or not isinstance(self.tile, int)
+                                      or self.tile < 16 or self.tile & (self.tile - 1)):
+            raise KernelError(f"{where}: tile must be a power of two >= 16, got {self.tile!r}")
+
+    @property
+    def block_n(self) -> int:
+        return self.tile if self.tile is not None else DEFAULT_TILE.get(self.strategy, 256)
+
+
+@dataclass
+class StepResult:
+    out: torch.Tensor
+    counts: torch.Tensor | None       # [B, Hq, n_keys] int, when asked for
+    uniforms: torch.Tensor
+
+
+def _check_decode(q, k_cache, v_cache, n_keys, mask) -> None:
+    where = "santa_decode"
+    for name, t, rank in (("q", q, 3), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
+        if not isinstance(t, torch.Tensor) or t.dim() != rank:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise KernelError(f"{where}: {name} must be a {rank}-d tensor, got {got}")
+    b, hq, d = q.shape
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] != b or k_cache.shape[3] != d:
+        raise KernelError(f"{where}: k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} must both be "
+                          f"[B={b}, Hkv, slots, D={d}]")
+    if hq % k_cache.shape[1]:
+        raise KernelError(f"{where}: {hq} query heads cannot be grouped onto {k_cache.shape[1]} KV heads")
+    if isinstance(n_keys, bool) or not isinstance(n_keys, int) or not 1 <= n_keys <= k_cache.shape[2]:
+        raise KernelError(f"{where}: n_keys must be an integer in [1, {k_cache.shape[2]}], got {n_keys!r}")
+    if q.device != k_cache.device or v_cache.device != k_cache.device:
+        raise KernelError(f"{where}: q, k_cache and v_cache must be on one device")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 1 or mask.shape[0] < n_keys):
+        raise KernelError(f"{where}: mask must be a 1-d tensor of at least n_keys={n_keys} slots")
+
+
+def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys: int,
+                 options: SantaOptions, random: SantaRandom | None = None, *, mask: torch.Tensor | None = None,
+                 uniforms: torch.Tensor | None = None, qk_uniforms: torch.Tensor | None = None,
+                 scale: float | None = None, return_counts: bool = False) -> StepResult:
+    """One SANTA decode step: q [B, Hq, D] (one query per head), caches [B, Hkv, slots, D]; keys
+    are slots [0, n_keys) where `mask` (int8/bool per slot, shared by batch and heads) is set.
+    Returns the estimate [B, Hq, D] in q's dtype (and the draws per slot if `return_counts`).
+    `uniforms` overrides the random source (shape: [B, Hq, 1] for systematic prop with
+    global_sys and for strategy torch's systematic, [B, Hq, n] for its other methods, [B, Hq, T]
+    otherwise)."""
+    _check_decode(q, k_cache, v_cache, n_keys, mask)
+    random = SantaRandom() if random is None else random
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    scale = d ** -0.5 if scale is None else float(scale)
+    dev = q.device
+    if options.qk == "bernoulli":
+        shape = bernoulli_uniform_shape((b, hq, d), hkv, options.qk_samples, options.qk_group)
+        qu = random.uniform(shape, dev) if qk_uniforms is None else qk_uniforms
+        q_score = bernoulli_query(q, hkv, options.qk_samples, options.qk_group, qu).to(q.dtype)
+    else:
+        q_score = q
+    if options.strategy == "torch":
+        return _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale)
+    block_n = options.block_n
+    t = max(1, math.ceil(n_keys / block_n))
+    block_g = _pow2(g, 16)
+    block_d = _pow2(d, 16)
+    interp = _interpreting() or dev.type != "cuda"
+    precision = "ieee" if interp or q.dtype == torch.float32 else "tf32"
+    upcast = interp
+    qc = q_score.contiguous()
+    kc, vc = k_cache.contiguous(), v_cache.contiguous()
+    ncap = kc.shape[2]
+    has_mask = mask is not None
+    mk = mask.to(device=dev, dtype=torch.int8).contiguous() if has_mask else torch.zeros(1, dtype=torch.int8,
+                                                                                        device=dev)
+    counts = torch.zeros(b * hq, t * block_n, dtype=torch.int32, device=dev) if return_counts else \
+        torch.zeros(1, dtype=torch.int32, device=dev)
+    grid = (b * hkv, t)
+    qk_scale_log2 = scale * LOG2E
+    warps = 8 if block_n * block_d >= 16384 else 4
+    if options.strategy == "flash":
+        u = random.uniform((b, hq, t), dev) if uniforms is None else uniforms
+        _check_uniforms(u, (b, hq, t), "flash")
+        s_tile = flash_tile_samples(options.n, t)
+        o_part = torch.empty(b * hq, t, d, dtype=torch.float32, device=dev)
+        m_part = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
+        l_part = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
+        santa_flash_kernel[grid](qc, kc, vc, mk, u.contiguous(), o_part, m_part, l_part, counts, ncap, n_keys, g, d,
+                                 t, qk_scale_log2, float(s_tile), BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+                                 HAS_MASK=has_mask, STORE_COUNTS=return_counts, UPCAST=upcast,
+                                 DOT_PRECISION=precision, num_warps=warps)
+        out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
+        santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, BLOCK_T=min(_pow2(t), 64),
+                                            BLOCK_D=block_d)
+        return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+    # prop
+    stash_dtype = torch.float32 if options.stash == "float32" else k_cache.dtype
+    stash = torch.empty(b * hq, t * block_n, dtype=stash_dtype, device=dev)
+    m_t = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
+    l_t = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
+    santa_prop_scores_kernel[grid](qc, kc, mk, stash, m_t, l_t, ncap, n_keys, g, d, t, qk_scale_log2,
+                                   BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask,
+                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
+    out32 = torch.empty(b * hq, d, dtype=torch.float32, device=dev)
+    if options.alloc == "global_sys":
+        u = random.uniform((b, hq, 1), dev) if uniforms is None else uniforms
+        _check_uniforms(u, (b, hq, 1), "prop (alloc='global_sys')")
+        inv = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
+        off = torch.empty_like(inv)
+        st = torch.empty(b * hq, t, dtype=torch.int32, device=dev)
+        santa_prop_budget_kernel[(b * hq,)](m_t, l_t, u.contiguous(), inv, off, st, out32, t, d, float(options.n),
+                                            BLOCK_T=_pow2(t), BLOCK_D=block_d)
+    else:
+        u = random.uniform((b, hq, t), dev) if uniforms is None else uniforms
+        _check_uniforms(u, (b, hq, t), "prop (alloc='largest_remainder')")
+        bud = tile_budgets(m_t.double() / LOG2E, l_t.double(), options.n, "largest_remainder",
+                           u.reshape(b * hq, t))
+        inv = bud.inv.float().contiguous()
+        off = bud.offset.float().contiguous()
+        st = bud.samples.to(torch.int32).contiguous()
+        out32.zero_()
+    santa_prop_gather_kernel[grid](stash, inv, off, st, vc, out32, counts, ncap, n_keys, g, d, t, 1.0 / options.n,
+                                   BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, STORE_COUNTS=return_counts,
+                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
+    out = out32.reshape(b, hq, d).to(q.dtype)
+    return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+
+
+def _counts(counts: torch.Tensor, b: int, hq: int, n_keys: int) -> torch.Tensor:
+    return counts.reshape(b, hq, -1)[..., :n_keys].to(torch.int64)
+
+
+def _check_uniforms(u: torch.Tensor, want: tuple[int, ...], what: str) -> None:
+    if not isinstance(u, torch.Tensor) or tuple(u.shape) != want:
+        got = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+        raise KernelError(f"santa_decode: uniforms for {what} must be {want}, got {got}")
+
+
+def _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale) -> StepResult:
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    k = k_cache[:, :, :n_keys].to(torch.float32)
+    v = v_cache[:, :, :n_keys].to(torch.float32)
+    qg = q_score.to(torch.float32).reshape(b, hkv, hq // hkv, d)
+    s = torch.einsum("bhgd,bhkd->bhgk", qg, k) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask[:n_keys].to(device=s.device, dtype=torch.bool), float("-inf"))
+    p = torch.softmax(s, -1).reshape(b, hq, n_keys)
+    want = uniforms_shape(options.method, (b, hq), options.n)
+    u = random.uniform(want, q.device) if uniforms is None else uniforms
+    _check_uniforms(u, want, f"strategy 'torch', method {options.method!r}")
+    c = sample_counts(p, options.n, options.method, u)
+    out = torch.einsum("bhgk,bhkd->bhgd", c.to(torch.float32).reshape(b, hkv, hq // hkv, n_keys), v)
+    return StepResult((out.reshape(b, hq, d) / options.n).to(q.dtype), c, u)
+
+
+class SantaDecoder:
+    """One layer's SANTA state for one sequence batch: the KV cache of the attended pattern
+    (`cache_ids`: the slot of every position, from the pattern's cache analysis; `attends(pos,
+    slot_pos)`: which cached positions query `pos` attends, None = all of them), the random
+    source, the step counter. The prompt attends exactly (prefill is dense over the pattern, as
+    in the paper); every decode query samples."""
+
+    def __init__(self, options: SantaOptions, *, max_len: int, cache_size: int, cache_ids: np.ndarray,
+                 attends=None, random: SantaRandom | None = None, scale: float | None = None,
+                 prompt_mask=None):
+        self.options = options
+        self.max_len, self.cache_size = max_len, cache_size
+        self.cache_ids = np.asarray(cache_ids, dtype=np.int64)
+        self.attends = attends
+        self.prompt_mask = prompt_mask
+        self.random = SantaRandom() if random is None else random
+        self.scale = scale
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.slot_pos = np.full(cache_size, -1, dtype=np.int64)
+        self.length = 0
+        self.last_counts: torch.Tensor | None = None
+        self.keep_counts = False
+
+    def reset(self) -> None:
+        self.k = self.v = None
+        self.slot_pos[:] = -1
+        self.length = 0
+        self.random.reset()
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor, positions: np.ndarray) -> None:
+        slots = self.cache_ids[positions]
+        last: dict[int, int] = {}
+        for i, s in enumerate(slots.tolist()):
+            last[s] = i                     # a later position with the same slot wins
+        src = torch.tensor(list(last.values()), dtype=torch.long, device=k.device)
+        dst = torch.tensor(list(last.keys()), dtype=torch.long, device=k.device)
+        self.k[:, :, dst] = k[:, :, src].to(self.k.dtype)
+        self.v[:, :, dst] = v[:, :, src].to(self.v.dtype)
+        self.slot_pos[list(last.keys())] = positions[list(last.values())]
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, hkv, p, d = k.shape
+        if p > self.max_len:
+            raise KernelError(f"SANTA prefill: prompt length {p} exceeds max_len={self.max_len}")
+        self.reset()
+        self.k = torch.zeros(b, hkv, self.cache_size, d, dtype=k.dtype, device=k.device)
+        self.v = torch.zeros_like(self.k)
+        m = None if self.prompt_mask is None else self.prompt_mask(p)
+        mask = None if m is None else torch.as_tensor(m, device=q.device)
+        scale = self.scale
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=q.shape[1] != hkv)
+        self._write(k, v, np.arange(p))
+        self.length = p
+        return out
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.k is None:
+            raise KernelError("SANTA decode: no prompt yet; call prefill first")
+        pos = self.length
+        if pos >= self.max_len:
+            raise KernelError(f"SANTA decode: position {pos} is past max_len={self.max_len}")
+        self._write(k, v, np.array([pos]))
+        used = self.slot_pos >= 0
+        n_keys = int(np.nonzero(used)[0].max()) + 1
+        ok = used[:n_keys]
+        if self.attends is not None:
+            ok = ok & np.asarray(self.attends(pos, np.maximum(self.slot_pos[:n_keys], 0)), dtype=bool)
+        mask = None if ok.all() else torch.from_numpy(ok.astype(np.int8)).to(q.device)
+        res = santa_decode(q[:, :, 0], self.k, self.v, n_keys, self.options, self.random, mask=mask,
+                           scale=self.scale, return_counts=self.keep_counts)
+        self.last_counts = res.counts
+        self.length = pos + 1
+        return res.out[:, :, None]
+
+
+__all__ = ["DEFAULT_TILE", "SantaDecoder", "SantaOptions", "StepResult", "santa_decode"]
