@@ -255,7 +255,6 @@ def test_inspect_static_json_says_not_dynamic():
     ("pattern = Diag(-2, 5) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1))", ("not causal",)),
     ("pattern = Causal() * Dynamic(budget=2, score=ops.attn_score().sum(dim=1)) "
      "+ Causal() * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))", ("2 different Dynamic",)),
-    ("pattern = Causal() * Dynamic(budget=2, score=ops.reuse(layer=0), refresh=True)", ("not executable yet",)),
 ])
 def test_inspect_dynamic_errors(tmp_path, body, fragments):
     path = script(tmp_path, "from sas import ops\n" + body)

@@ -327,15 +327,6 @@ def test_external_source():
 
 # --- designed-only operators -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("chain,word", [
-    (lambda: ops.attn_score().sample(n=8).sum(dim=1), "SANTA"),
-])
-def test_design_only_ops_raise_not_yet_supported(chain, word):
-    with pytest.raises(NotYetSupportedError) as info:
-        trace_score(chain())
-    assert word in str(info.value) and "docs/dynamic.md" in str(info.value)
-
-
 @pytest.mark.parametrize("make,words", [
     (lambda: ops.attn_score().sample(n=0), ["sample", "n"]),
     (lambda: ops.attn_score().sample(n=4, method="gumbel"), ["sample", "method"]),
