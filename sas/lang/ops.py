@@ -73,6 +73,24 @@ class OpChain:
             raise PatternError(f"topk(k=...) must be a positive integer, got {k!r}")
         return self._then("topk", k=k)
 
+    def top_p(self, p: float, *, chunk: int = 1, pooled: bool = False, iters: int | None = None) -> "OpChain":
+        """SpecAttn: per row the fewest keys holding mass `p` of the row (ties kept: at least p),
+        then the union over the rows (query heads and the step's queries) -> 1.0 / 0.0 per key.
+
+        `chunk`: select chunks of that many keys by their summed score (SpecAttn / Quest: 16);
+        `pooled`: sum the G query heads of a KV head before selecting (one distribution per
+        query); `iters`: the paper's fixed bisection (keeps theta_low) instead of the exact
+        threshold. See docs/specattn.md and sas.methods.threshold.
+        """
+        from sas.methods.threshold import check_chunk, check_iters, check_p
+
+        check_p(p, "top_p", PatternError)
+        check_chunk(chunk, "top_p", PatternError)
+        check_iters(iters, "top_p", PatternError)
+        if not isinstance(pooled, bool):
+            raise PatternError(f"top_p(pooled=...) must be True or False, got {pooled!r}")
+        return self._then("top_p", p=float(p), chunk=chunk, pooled=pooled, iters=iters)
+
     def sample(self, n: int, method: str = "systematic") -> "OpChain":
         """SANTA: draw `n` key indices per query from the (post-softmax) distribution.
 

@@ -174,25 +174,5 @@ def expand_chunks(mask: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
     return mask.repeat_interleave(chunk, dim=-1)[..., :n]
 
 
-def topp_mask(x: torch.Tensor, p: float, chunk: int = 1, pooled: bool = False, group: int = 1) -> torch.Tensor:
-    """The `top_p` score op on a chain-view tensor `[B, Hkv, G*Lq, Lk]` (rows g*Lq + r) or a
-    reduced `[B, Hkv, Lk]` / `[B, Lk]`: per row top-p (pooled over the G heads of a query when
-    `pooled`), union over the rows; returns 1.0 / 0.0 per key with the input's leading axes
-    minus the row axis."""
-    check_p(p, "top_p", PatternError)
-    if x.dim() == 4:
-        b, h, rows, n = x.shape
-        lq = rows // group
-        s = x.reshape(b * h, group, lq, n).transpose(1, 2)          # [M, Lq, G, N]
-        if not pooled:
-            s = s.reshape(b * h, lq * group, 1, n)
-        sel = select_reference(s, p=p, chunk=chunk)
-        return expand_chunks(sel.mask, chunk, n).reshape(b, h, n).to(x.dtype)
-    lead = x.shape[:-1]
-    n = x.shape[-1]
-    sel = select_reference(x.reshape(-1, 1, 1, n), p=p, chunk=chunk)
-    return expand_chunks(sel.mask, chunk, n).reshape(*lead, n).to(x.dtype)
-
-
 __all__ = ["CHUNK", "Selection", "check_chunk", "check_iters", "check_k", "check_p", "check_request",
-           "check_scores", "expand_chunks", "kept_mass", "pool", "select_reference", "topp_mask"]
+           "check_scores", "expand_chunks", "kept_mass", "pool", "select_reference"]

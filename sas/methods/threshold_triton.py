@@ -141,7 +141,7 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
     threshold_select_kernel[(m,)](
         scores, mask, theta, kept, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2),
-        value, COUNT=count, ITERS=iters or 0, CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
+        value, COUNT=count, ITERS=0 if count else (iters or 0), CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
         num_warps=num_warps)
     return Selection(mask.bool(), theta, kept)
 

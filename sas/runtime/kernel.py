@@ -32,6 +32,7 @@ from sas.codegen.triton_backend import DecodeOptions, PrefillOptions
 from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
 from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
+from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
 from sas.runtime.checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
 from sas.runtime.dynamic import DynamicRuntime
@@ -206,6 +207,8 @@ class SASAttnKernel(torch.nn.Module):
         if plan.is_dynamic and is_partition(plan.split):     # Saap: bucket index + its own kernel
             self._session: _StaticSession | _DynamicSession = _DynamicSession(
                 SaapDynamicRuntime(plan, self.other_inputs), plan)
+        elif plan.is_dynamic and is_top_p(plan.split):      # SpecAttn: per-step top-p of external scores
+            self._session = _DynamicSession(SpecAttnRuntime(plan, self.other_inputs), plan)
         elif plan.is_dynamic:
             self._session = _DynamicSession(DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
         else:
