@@ -92,6 +92,21 @@ def attend_mask(sel_keys: torch.Tensor, i0: int, i1: int, sink: int, window: int
     return (j <= i)[None] & (static[None] | sel_keys[:, None, :])
 
 
+def visit_chunks(sel_keys: torch.Tensor, i0: int, i1: int, sink: int, window: int, nch: int,
+                 chunk_keys: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 16-key chunks a step loads: those holding a selected key (`sel_keys [M, i1]`) or a
+    static key of one of the step's rows. Returns (visit [M, nch] bool, keys loaded [M] int64:
+    the existing keys of the visited chunks)."""
+    m = sel_keys.shape[0]
+    j = torch.arange(i1, device=sel_keys.device)
+    static = (j < sink) | (j > i0 - window) | (j >= i0)
+    keys = torch.zeros(m, nch * chunk_keys, dtype=torch.bool, device=sel_keys.device)
+    keys[:, :i1] = sel_keys | static[None]
+    visit = keys.reshape(m, nch, chunk_keys).any(-1)
+    keys_in = torch.clamp(i1 - torch.arange(nch, device=sel_keys.device) * chunk_keys, 0, chunk_keys)
+    return visit, (visit.long() * keys_in[None]).sum(-1)
+
+
 @dataclass(frozen=True)
 class SpecAttnReference:
     out: torch.Tensor            # [B, Hq, N, D] float64
@@ -135,4 +150,4 @@ def specattn_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 __all__ = ["SpecAttnReference", "attend_mask", "check_step_scores", "specattn_attention_reference", "step_rows",
-           "top_p_op"]
+           "top_p_op", "visit_chunks"]

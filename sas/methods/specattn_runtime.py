@@ -22,7 +22,7 @@ from sas.dynamic.plan import DynamicPlan
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap_dynamic import sink_window
 from sas.methods.saap_triton import saap_merge_kernel
-from sas.methods.specattn import check_step_scores, step_rows
+from sas.methods.specattn import check_step_scores, step_rows, visit_chunks
 from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel
 from sas.methods.threshold import expand_chunks
 from sas.methods.threshold_triton import threshold_select
@@ -144,19 +144,13 @@ class SpecAttnRuntime:
         self.length = i1
         m = b * hkv
         nch = -(-self.max_len // CHUNK_KEYS)
-        j = torch.arange(i1, device=q.device)
-        static = (j < self.sink) | (j > i0 - self.window) | (j >= i0)
-        visit_keys = torch.zeros(m, nch * CHUNK_KEYS, dtype=torch.bool, device=q.device)
-        visit_keys[:, :i1] = sel_keys | static[None]
-        visit = visit_keys.reshape(m, nch, CHUNK_KEYS).any(-1)
+        visit, loaded = visit_chunks(sel_keys, i0, i1, self.sink, self.window, nch, CHUNK_KEYS)
         count = visit.sum(-1).to(torch.int32)
         order = torch.sort((~visit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32).contiguous()
         sel_cap = torch.zeros(m, self.max_len, dtype=torch.int8, device=q.device)
         sel_cap[:, :i1] = sel_keys.to(torch.int8)
         out = self._attend(q, order, count, sel_cap, i0, lq)
-        nvis = visit.reshape(m, nch)
-        keys_in = torch.clamp(i1 - torch.arange(nch, device=q.device) * CHUNK_KEYS, 0, CHUNK_KEYS)
-        loaded = (nvis.long() * keys_in[None]).sum(-1).reshape(b, hkv)
+        loaded = loaded.reshape(b, hkv)
         self.last_loaded = loaded
         self.last_selected = sel_keys.reshape(b, hkv, i1)
         self.loads.append((i1, loaded))
