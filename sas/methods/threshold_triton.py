@@ -1,8 +1,7 @@
 """Sorting-free threshold selection (top-p / top-k) as one Triton kernel; the definition and the
 sort-based reference are `sas.methods.threshold`.
 
-One program per output row m walks its R unioned rows; per row it searches the threshold
-without sorting:
+One program per (output row m, unioned row r) searches the row's threshold without sorting:
 
 - **exact** (default): the pooled scores are mapped to int32 keys whose signed order is the
   float order (`bits` for x >= 0, `bits ^ 0x7fffffff` below), and the largest key θ with
@@ -14,7 +13,8 @@ without sorting:
   keeping θ_low (always at least mass p; spec pitfall 1).
 
 Every pass re-reads the row (pooling the P rows and the chunk's keys on the fly, in fp32);
-the final pass ORs `key >= θ` into the int8 mask `[M, Nc]`, and writes θ and the kept count.
+the final pass writes `key >= θ` into the int8 mask `[M, R, Nc]` (the union over R is one
+torch `any`), θ and the kept count.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def threshold_select_kernel(X, MASK, THETA, KEPT, R, P, N, NC, STRIDE_M, STRIDE_
                             BLOCK: tl.constexpr):
     m = tl.program_id(0)
     lanes = tl.arange(0, 16)
-    for r in range(0, R):
+    for r in range(tl.program_id(1), tl.program_id(1) + 1):
         base = m.to(tl.int64) * STRIDE_M + r * STRIDE_R
         # total mass (top-p) and max (paper mode)
         tot = 0.0
@@ -113,8 +113,7 @@ def threshold_select_kernel(X, MASK, THETA, KEPT, R, P, N, NC, STRIDE_M, STRIDE_
             y = _pooled(X, base, c0, N, P, STRIDE_P, CHUNK, CHUNK_P2, BLOCK)
             keep = okc & (_keys(y) >= theta_key)
             kept += tl.sum(keep.to(tl.int32), 0)
-            old = tl.load(MASK + m.to(tl.int64) * NC + cs, mask=okc & (r > 0), other=0)
-            tl.store(MASK + m.to(tl.int64) * NC + cs, (keep | (old != 0)).to(tl.int8), mask=okc)
+            tl.store(MASK + (m.to(tl.int64) * R + r) * NC + cs, keep.to(tl.int8), mask=okc)
         tk = theta_key.to(tl.int32)
         tb = tl.where(tk < 0, tk ^ 0x7FFFFFFF, tk)
         tl.store(THETA + m * R + r, tb.to(tl.float32, bitcast=True))
@@ -133,17 +132,17 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
         scores = scores.contiguous()
     m, r, pp, n = scores.shape
     nc = -(-n // chunk)
-    mask = torch.empty(m, nc, dtype=torch.int8, device=scores.device)
+    mask = torch.empty(m, r, nc, dtype=torch.int8, device=scores.device)
     theta = torch.empty(m, r, dtype=torch.float32, device=scores.device)
     kept = torch.empty(m, r, dtype=torch.int32, device=scores.device)
     blk = max(16, min(block, triton.next_power_of_2(nc)))
     count = k is not None or p == 1.0          # p = 1 keeps every entry: the count predicate with k = Nc
     value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
-    threshold_select_kernel[(m,)](
+    threshold_select_kernel[(m, r)](
         scores, mask, theta, kept, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2),
         value, COUNT=count, ITERS=0 if count else (iters or 0), CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
         num_warps=num_warps)
-    return Selection(mask.bool(), theta, kept)
+    return Selection(mask.bool().any(1), theta, kept)
 
 
 __all__ = ["threshold_select", "threshold_select_kernel"]
