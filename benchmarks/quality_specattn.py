@@ -7,7 +7,9 @@ Drafts:
 - **own**: the target's own attention (layer j reads its own rows; the upper bound);
 - **subset**: SmolLM2 with every 3rd decoder layer (0, 3, ..., 27) plus its embeddings, final
   norm and head; target layers are mapped to draft layers by `sas.methods.specattn_align`
-  (monotone min-KL), aligned on a disjoint piece of the text.
+  (monotone min-KL), aligned on a disjoint piece of the text;
+- **subset-position**: the same draft with target layer j mapped to draft layer j // every (the
+  draft layer made of target layer every * (j // every)): a fixed map, for comparison.
 
 The selection runs on the exact-mask path of `sas.integrations.specattn_draft` (the same
 selection as the SpecAttnRuntime kernels; tests/test_specattn.py checks the two paths agree).
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--ps", default="0.95,0.99")
     ap.add_argument("--gammas", default="1,4")
     ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--drafts", default="own,subset,subset-position")
     args = ap.parse_args()
     t0 = time.time()
     model, tok = load_model("default", dtype=torch.float32, device="cpu")
@@ -76,8 +79,16 @@ def main() -> None:
     al.save(path)
     al = load_alignment(path, "SmolLM2-135M-Instruct", draft_name(layers), num_layers=n_layers)
     print(f"alignment ({al.draft}): {list(al.mapping)}", flush=True)
-    drafts = {"own": (attention_maps(model, ids), tuple(range(n_layers))),
-              f"subset every {args.every}": (attention_maps(sub, ids), al.mapping)}
+    want = args.drafts.split(",")
+    sub_maps = attention_maps(sub, ids)
+    drafts = {}
+    if "own" in want:
+        drafts["own"] = (attention_maps(model, ids), tuple(range(n_layers)))
+    if "subset" in want:
+        drafts[f"subset every {args.every}, KL map"] = (sub_maps, al.mapping)
+    if "subset-position" in want:
+        drafts[f"subset every {args.every}, j // {args.every}"] = (sub_maps, tuple(j // args.every
+                                                                                 for j in range(n_layers)))
     rows = []
     for name, (maps, mapping) in drafts.items():
         for p in [float(x) for x in args.ps.split(",")]:

@@ -82,11 +82,14 @@ class OpChain:
         query); `iters`: the paper's fixed bisection (keeps theta_low) instead of the exact
         threshold. See docs/specattn.md and sas.methods.threshold.
         """
-        from sas.methods.threshold import check_chunk, check_iters, check_p
-
-        check_p(p, "top_p", PatternError)
-        check_chunk(chunk, "top_p", PatternError)
-        check_iters(iters, "top_p", PatternError)
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
+            raise PatternError(f"top_p: p must be a number in (0, 1] (the attention mass to keep), got {p!r}")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise PatternError(f"top_p(chunk=...) must be a positive integer (1 = token granularity, 16 = "
+                               f"SpecAttn's chunks), got {chunk!r}")
+        if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or not 1 <= iters <= 64):
+            raise PatternError(f"top_p(iters=...) must be None (exact threshold) or an integer in [1, 64] (the "
+                               f"paper's fixed bisection), got {iters!r}")
         if not isinstance(pooled, bool):
             raise PatternError(f"top_p(pooled=...) must be True or False, got {pooled!r}")
         return self._then("top_p", p=float(p), chunk=chunk, pooled=pooled, iters=iters)
