@@ -105,4 +105,50 @@ def train(pattern: str, model_spec: str, text_arg: str, tokens: int, clusters: i
                f"pattern hash {state.pattern_hash}")
 
 
-__all__ = ["train"]
+@click.command(name="align", short_help="SpecAttn layer alignment: map each target layer to a draft layer (min KL).")
+@click.option("--model", "model_spec", default="default", show_default=True, metavar="SPEC",
+              help="Target model: 'default' (SmolLM2-135M-Instruct), a folder with config.json or a .gguf file.")
+@click.option("--draft-layers", "draft_arg", default="every:3", show_default=True, metavar="every:K|L[,L...]",
+              help="The draft: the target's own embeddings, final norm and head with these decoder layers.")
+@click.option("--text", "text_arg", default="corpus", show_default=True, metavar="corpus|FILE",
+              help="Alignment text: the built-in corpus (sas.evaluation.text) or a UTF-8 text file.")
+@click.option("--tokens", type=int, default=512, show_default=True, metavar="N", help="Tokens of the text to run.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of the models.")
+@click.option("-o", "--output", required=True, metavar="FILE.json", help="Where to write the alignment.")
+def align(model_spec: str, draft_arg: str, text_arg: str, tokens: int, device: str, output: str) -> None:
+    """Align the target's layers to a draft's (SpecAttn §3.3): S[i, j] = -KL(target layer j ||
+    draft layer i) over --tokens tokens of --text (head-averaged rows), then the monotone map
+    maximising the sum of S (dynamic programming). Writes JSON with the target model's name."""
+    _positive(tokens, "--tokens")
+    out = Path(output)
+    if out.is_dir() or not out.parent.is_dir():
+        raise TrainCommandError(f"-o/--output must be a file in an existing folder, got {output!r}")
+    text_path = None if text_arg == "corpus" else Path(text_arg)
+    if text_path is not None and not text_path.is_file():
+        raise TrainCommandError(f"--text must be 'corpus' or a text file, got {text_arg!r} (not a file)")
+    import torch
+
+    from sas.evaluation.text import corpus_tokens
+    from sas.methods.specattn_align import (attention_maps, draft_name, layer_subset_model, make_alignment,
+                                            parse_draft_layers)
+    from sas.models import load_model, parse_device, read_config, resolve_model
+
+    parse_device(device)
+    source = resolve_model(model_spec)
+    layers = parse_draft_layers(draft_arg, int(read_config(source).num_hidden_layers))
+    model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)
+    if text_path is None:
+        ids = corpus_tokens(tokenizer, tokens)
+    else:
+        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
+        if len(ids) < tokens:
+            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    x = torch.tensor([ids], device=model.device)
+    draft = layer_subset_model(model, layers)
+    al = make_alignment(attention_maps(draft, x), attention_maps(model, x), source.name, draft_name(layers))
+    al.save(out)
+    click.echo(f"wrote {output}: {source.name} target layers -> draft {al.draft}: {list(al.mapping)} "
+               f"(sum of -KL {al.score:.4f})")
+
+
+__all__ = ["align", "train"]

@@ -44,6 +44,7 @@ from sas.lang.ops import OpChain, OpNode
 from sas.methods import kascade as kascade_mod
 from sas.methods import saap as saap_mod
 from sas.methods import santa as santa_mod
+from sas.methods import specattn as specattn_mod
 
 # Axis labels of the chain view (batch implicit).
 HEAD, QUERY, KEY = "Hkv", "G*Lq", "Lk"
@@ -399,6 +400,14 @@ class _Tracer:
         if n.name == "topk":
             node = self.call(score_ops.topk_mask, (x, a["k"]), op=repr(n), kind="topk")
             return node, labels
+        if n.name == "top_p":          # SpecAttn selection: union over the rows (sas.methods.specattn)
+            if labels not in (SOURCE_LABELS, (HEAD, KEY), (KEY,)):
+                raise PatternError(f"score op {where}: top_p selects along the key axis of a source "
+                                   f"[{HEAD}, {QUERY}, {KEY}] or a per-key score; got axes {list(labels)}")
+            self.uses.update({"q", "k"})
+            node = self.call(specattn_mod.top_p_op, (x, self.ph["q"], self.ph["k"], a["p"], a["chunk"],
+                                                    a["pooled"], a["iters"]), op=repr(n), kind="topk")
+            return node, ((HEAD, KEY) if labels == SOURCE_LABELS else labels)
         if n.name in _ARITH:
             other = a["other"]
             if isinstance(other, OpChain):

@@ -23,7 +23,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from sas.errors import IntegrationError, NotYetSupportedError
 from sas.integrations.parallel import TensorParallel
 from sas.integrations.pattern_runtime import PatternRuntime
+from sas.integrations.specattn_draft import draft_scores
 from sas.integrations.state import model_state
+from sas.methods.specattn_runtime import SpecAttnRuntime
 from sas.runtime.kernel import SASAttnKernel
 
 
@@ -242,7 +244,10 @@ class SASCacheLayer(CacheLayerMixin):
             raise NotYetSupportedError(f"{where}: a Dynamic pattern runs on a batch without padding only (its "
                                        f"kernels take one position for the whole batch)")
         qk = PatternRuntime._kernel_q(q, scale)
-        if first:
+        spec = self.kernel.dynamic
+        if isinstance(spec, SpecAttnRuntime) and not first:   # SpecAttn: one step per block, draft scores
+            out = spec.step(qk, k.contiguous(), v.contiguous(), scores=draft_scores(self.layer_idx))
+        elif first:
             out = self.kernel.prefill(qk, k.contiguous(), v.contiguous())
         elif q.shape[2] == 1:
             out = self.kernel.decode(qk, k.contiguous(), v.contiguous())

@@ -28,6 +28,7 @@ from sas.codegen.triton_backend import SUPPORTED_HEAD_DIMS
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, IntegrationError, NotYetSupportedError
 from sas.lang.pattern import Pattern
+from sas.methods.specattn_runtime import is_top_p
 from sas.runtime.kernel import SASAttnKernel, interpreting
 from sas.runtime.torch_executor import TorchExecutor
 
@@ -61,7 +62,8 @@ class PatternRuntime:
         if pattern.dynamics():
             plan = plan_dynamic(pattern, max_len=max_len)
             needs = [f"custom weight {n!r}" for n in plan.score.weights]
-            needs += [f"external score {n!r} (ops.external)" for n in plan.score.externals]
+            if not is_top_p(plan):      # SpecAttn: a draft supplies the scores per step (specattn_draft)
+                needs += [f"external score {n!r} (ops.external)" for n in plan.score.externals]
             if needs:
                 raise IntegrationError(
                     f"{where} has a Dynamic score that needs {', '.join(needs)}; a model integration "

@@ -75,6 +75,27 @@ class OpChain:
             raise PatternError(f"topk(k=...) must be a positive integer, got {k!r}")
         return self._then("topk", k=k)
 
+    def top_p(self, p: float, *, chunk: int = 1, pooled: bool = False, iters: int | None = None) -> "OpChain":
+        """SpecAttn: per row the fewest keys holding mass `p` of the row (ties kept: at least p),
+        then the union over the rows (query heads and the step's queries) -> 1.0 / 0.0 per key.
+
+        `chunk`: select chunks of that many keys by their summed score (SpecAttn / Quest: 16);
+        `pooled`: sum the G query heads of a KV head before selecting (one distribution per
+        query); `iters`: the paper's fixed bisection (keeps theta_low) instead of the exact
+        threshold. See docs/specattn.md and sas.methods.threshold.
+        """
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
+            raise PatternError(f"top_p: p must be a number in (0, 1] (the attention mass to keep), got {p!r}")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise PatternError(f"top_p(chunk=...) must be a positive integer (1 = token granularity, 16 = "
+                               f"SpecAttn's chunks), got {chunk!r}")
+        if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or not 1 <= iters <= 64):
+            raise PatternError(f"top_p(iters=...) must be None (exact threshold) or an integer in [1, 64] (the "
+                               f"paper's fixed bisection), got {iters!r}")
+        if not isinstance(pooled, bool):
+            raise PatternError(f"top_p(pooled=...) must be True or False, got {pooled!r}")
+        return self._then("top_p", p=float(p), chunk=chunk, pooled=pooled, iters=iters)
+
     def sample(self, n: int, method: str = "systematic", *, strategy: str = "prop", alloc: str = "global_sys",
                tile: int | None = None, seed: int | None = 0) -> "OpChain":
         """SANTA: draw `n` key indices per query head from the post-softmax distribution and

@@ -33,6 +33,7 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
 from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
+from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
 from sas.runtime.checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
 from sas.runtime.dynamic import DynamicRuntime
@@ -209,6 +210,8 @@ class SASAttnKernel(torch.nn.Module):
                 SaapDynamicRuntime(plan, self.other_inputs), plan)
         elif plan.is_dynamic and is_sample(plan.split):     # SANTA: value sampling on its own kernels
             self._session = _DynamicSession(SantaDynamicRuntime(plan, self.other_inputs), plan)
+        elif plan.is_dynamic and is_top_p(plan.split):      # SpecAttn: per-step top-p of external scores
+            self._session = _DynamicSession(SpecAttnRuntime(plan, self.other_inputs), plan)
         elif plan.is_dynamic:
             self._session = _DynamicSession(DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
         else:

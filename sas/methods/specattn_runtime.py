@@ -1,0 +1,185 @@
+"""SpecAttn inside `SASAttnKernel`: a dynamic pattern whose score chain is
+`ops.external(name).top_p(p, ...)` runs on `SpecAttnRuntime` (the DynamicRuntime stand-in, as
+Saap's `SaapDynamicRuntime`), not on the H2O runtime: nothing accumulates between steps, every
+key stays in the cache, and each step loads the chunks selected from that step's draft scores.
+
+Per step: the draft scores of the step's queries (`scores=` of `decode` / `step`, else the rows
+of the full-sequence `other_inputs[name] [B, Hq, N, N]`) -> `threshold_select` (Triton) -> the
+KV head's selected keys, the chunks to load (selected or static, 16 keys each), compacted ->
+`specattn_attn_kernel` over them -> `saap_merge_kernel`. `last_loaded` / `loads` count the keys
+of the chunks loaded (what the kernel reads) per (batch, KV head).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping
+
+import torch
+
+from sas.dynamic.plan import DynamicPlan
+from sas.errors import KernelError, NotYetSupportedError
+from sas.methods.saap_dynamic import sink_window
+from sas.methods.saap_triton import saap_merge_kernel
+from sas.methods.specattn import check_step_scores, step_rows, visit_chunks
+from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel
+from sas.methods.threshold import expand_chunks
+from sas.methods.threshold_triton import threshold_select
+from sas.plan import Plan
+
+LOG2E = 1.4426950408889634
+#: 16-key chunks per program of the attention kernel
+CHUNKS_PER_PROGRAM = 64
+
+
+def _pow2(x: int, least: int = 1) -> int:
+    return max(least, 1 << max(0, (x - 1).bit_length()))
+
+
+def is_top_p(split: DynamicPlan | None) -> bool:
+    """Whether a dynamic split's score chain is SpecAttn's `... .top_p(...)`."""
+    return split is not None and any(n.name == "top_p" for n in split.dynamic.score.nodes)
+
+
+class SpecAttnRuntime:
+    """The stand-in for `DynamicRuntime` (prefill, decode, reset, state with .k/.v, length), plus
+    `step(q, k, v, scores=...)` for a multi-query verification step."""
+
+    def __init__(self, plan: Plan, other_inputs: Mapping[str, Any]):
+        split = plan.split
+        nodes = split.dynamic.score.nodes
+        if len(nodes) != 2 or nodes[0].name != "external" or nodes[1].name != "top_p":
+            raise NotYetSupportedError(
+                f"top_p runs as SpecAttn's selection only: write ops.external(name).top_p(p, ...) as the whole "
+                f"score chain; got {split.dynamic.score!r}")
+        if not split.refresh:
+            raise NotYetSupportedError("SpecAttn selects anew at every step and keeps every key: use "
+                                       "Dynamic(..., refresh=True)")
+        args = dict(nodes[1].args)
+        self.name = dict(nodes[0].args)["name"]
+        self.p, self.chunk, self.pooled, self.iters = args["p"], args["chunk"], args["pooled"], args["iters"]
+        self.plan = plan
+        self.max_len = plan.max_len
+        self.other_inputs = dict(other_inputs)
+        self.sink, self.window = sink_window(split, plan.max_len)
+        self.scale: float | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = self.v = None
+        self.length = 0
+        self.last_loaded: torch.Tensor | None = None      # [B, Hkv] keys loaded at the last step
+        self.last_selected: torch.Tensor | None = None    # [B, Hkv, L] bool: keys selected at the last step
+        self.loads: list[tuple[int, torch.Tensor]] = []   # (keys that existed, loaded [B, Hkv]) per step
+
+    @property
+    def state(self) -> "SpecAttnRuntime | None":
+        return self if self.k is not None else None
+
+    def report(self) -> dict[str, Any]:
+        return {"method": "specattn", "p": self.p, "chunk": self.chunk, "pooled": self.pooled, "iters": self.iters,
+                "sink": self.sink, "window": self.window}
+
+    def loads_skipped(self) -> float:
+        """Fraction of the KV rows that dense decoding would load and these steps did not."""
+        dense = sum(n * t.numel() for n, t in self.loads)
+        got = sum(float(t.sum()) for _, t in self.loads)
+        return 1.0 - got / dense if dense else 0.0
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Dense causal attention of the prompt; the cache takes its keys and values."""
+        b, hkv, n, d = k.shape
+        g = q.shape[1] // hkv
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True, scale=self.scale)
+        self.k = torch.zeros(b, hkv, self.max_len, d, dtype=k.dtype, device=k.device)
+        self.v = torch.zeros_like(self.k)
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
+        self.length = n
+        return out
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               scores: torch.Tensor | None = None) -> torch.Tensor:
+        return self.step(q, k, v, scores=scores)
+
+    def _scores(self, scores: torch.Tensor | None, q: torch.Tensor, i0: int, i1: int, where: str) -> torch.Tensor:
+        b, hq, lq, _ = q.shape
+        if scores is None:
+            full = self.other_inputs.get(self.name)
+            if full is None:
+                raise KernelError(f"{where}: no draft scores: pass scores= [B, Hq, Lq, Lk] for the step or "
+                                  f"other_inputs[{self.name!r}] = the full-sequence [B, Hq, N, N] tensor")
+            if not isinstance(full, torch.Tensor) or full.dim() != 4 or tuple(full.shape[:2]) != (b, hq) \
+                    or full.shape[2] < i1 or full.shape[3] < i1:
+                got = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
+                raise KernelError(f"{where}: other_inputs[{self.name!r}] must be the full-sequence [B, Hq, N, N] "
+                                  f"tensor with B={b}, Hq={hq}, N >= {i1}, got {got}")
+            scores = full[:, :, i0:i1, :i1]
+        return check_step_scores(scores, self.name, b, hq, lq, i1, q.device, where)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+             scores: torch.Tensor | None = None) -> torch.Tensor:
+        """Append Lq tokens (q [B, Hq, Lq, D], k, v [B, Hkv, Lq, D]) and return their attention
+        [B, Hq, Lq, D] under the selection from `scores` [B, Hq, Lq, Lk] (Lk = length + Lq)."""
+        where = "SpecAttnRuntime.step"
+        if self.k is None:
+            raise KernelError(f"{where}: no prompt yet; call prefill first")
+        b, hq, lq, d = q.shape
+        hkv = k.shape[1]
+        if k.shape != v.shape or tuple(k.shape) != (b, hkv, lq, d) or hq % hkv or \
+                tuple(self.k.shape[:2]) != (b, hkv) or self.k.shape[3] != d or k.dtype != self.k.dtype:
+            raise KernelError(f"{where}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match "
+                              f"the cache {tuple(self.k.shape)} {self.k.dtype}")
+        i0, i1 = self.length, self.length + lq
+        if i1 > self.max_len:
+            raise KernelError(f"{where}: positions up to {i1 - 1} are past max_len={self.max_len}")
+        sc = self._scores(scores, q, i0, i1, where)
+        sel = threshold_select(step_rows(sc, hkv, self.pooled), p=self.p, chunk=self.chunk, iters=self.iters)
+        sel_keys = expand_chunks(sel.mask, self.chunk, i1)                   # [M, i1] bool
+        # nothing above wrote state
+        self.k[:, :, i0:i1] = k
+        self.v[:, :, i0:i1] = v
+        self.length = i1
+        m = b * hkv
+        nch = -(-self.max_len // CHUNK_KEYS)
+        visit, loaded = visit_chunks(sel_keys, i0, i1, self.sink, self.window, nch, CHUNK_KEYS)
+        count = visit.sum(-1).to(torch.int32)
+        order = torch.sort((~visit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32).contiguous()
+        sel_cap = torch.zeros(m, self.max_len, dtype=torch.int8, device=q.device)
+        sel_cap[:, :i1] = sel_keys.to(torch.int8)
+        out = self._attend(q, order, count, sel_cap, i0, lq)
+        loaded = loaded.reshape(b, hkv)
+        self.last_loaded = loaded
+        self.last_selected = sel_keys.reshape(b, hkv, i1)
+        self.loads.append((i1, loaded))
+        return out
+
+    def _attend(self, q: torch.Tensor, visit: torch.Tensor, count: torch.Tensor, sel: torch.Tensor, i0: int,
+                lq: int) -> torch.Tensor:
+        b, hkv, _, d = self.k.shape
+        hq = q.shape[1]
+        g = hq // hkv
+        rows = g * lq
+        nch = visit.shape[-1]
+        used = -(-self.length // CHUNK_KEYS)                  # chunks holding keys
+        s = max(1, -(-used // CHUNKS_PER_PROGRAM))
+        br, bd = _pow2(rows, 16), _pow2(d, 16)
+        o_part = torch.empty(b * hkv, s, br, bd, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(b * hkv, s, br, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
+        qc = q.reshape(b * hkv, rows, d).to(self.k.dtype).contiguous()
+        specattn_attn_kernel[(b * hkv, s)](
+            qc, self.k, self.v, sel, visit, count, o_part, m_part, l_part,
+            self.max_len, nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM, scale * LOG2E,
+            BLOCK_R=br, BLOCK_C=4, BLOCK_D=bd,
+            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
+            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
+        out = torch.empty(b * hkv, rows, d, dtype=q.dtype, device=q.device)
+        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
+        return out.reshape(b, hq, lq, d)
+
+
+__all__ = ["SpecAttnRuntime", "is_top_p"]

@@ -1,0 +1,148 @@
+"""Sorting-free threshold selection (top-p / top-k) as one Triton kernel; the definition and the
+sort-based reference are `sas.methods.threshold`.
+
+One program per (output row m, unioned row r) searches the row's threshold without sorting:
+
+- **exact** (default): the pooled scores are mapped to int32 keys whose signed order is the
+  float order (`bits` for x >= 0, `bits ^ 0x7fffffff` below), and the largest key θ with
+  `stat(key >= θ) >= target` (stat = mass or count) is found by a 16-way search: each pass
+  over the row evaluates 15 thresholds splitting the current key interval in 16 and keeps the
+  sub-interval where the predicate flips, so 8 passes pin down one of 2^32 keys. The result is
+  the sort-based threshold exactly (up to fp32 summation order at the boundary).
+- **paper** (`iters`, top-p only): the paper's value bisection on [0, max], `iters` passes,
+  keeping θ_low (always at least mass p; spec pitfall 1).
+
+Every pass re-reads the row (pooling the P rows and the chunk's keys on the fly, in fp32);
+the final pass writes `key >= θ` into the int8 mask `[M, R, Nc]` (the union over R is one
+torch `any`), θ and the kept count.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sas.methods.threshold import Selection, check_request, check_scores
+
+BLOCK_C = 256
+
+
+@triton.jit
+def _pooled(X, row_base, c0, N, P, STRIDE_P, CHUNK: tl.constexpr, CHUNK_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """fp32 [BLOCK] chunk sums of chunks c0 .. c0 + BLOCK - 1, summed over the P pooled rows."""
+    cs = c0 + tl.arange(0, BLOCK)
+    t = tl.arange(0, CHUNK_P2)
+    pos = cs[:, None] * CHUNK + t[None, :]
+    ok = (pos < N) & (t[None, :] < CHUNK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for pp in range(0, P):
+        x = tl.load(X + row_base + pp * STRIDE_P + pos, mask=ok, other=0.0).to(tl.float32)
+        acc += tl.sum(x, 1)
+    return acc
+
+
+@triton.jit
+def _keys(y):
+    bits = y.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+
+
+@triton.jit
+def threshold_select_kernel(X, MASK, THETA, KEPT, R, P, N, NC, STRIDE_M, STRIDE_R, STRIDE_P, VALUE,
+                            COUNT: tl.constexpr, ITERS: tl.constexpr, CHUNK: tl.constexpr, CHUNK_P2: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    lanes = tl.arange(0, 16)
+    for r in range(tl.program_id(1), tl.program_id(1) + 1):
+        base = m.to(tl.int64) * STRIDE_M + r * STRIDE_R
+        # total mass (top-p) and max (paper mode)
+        tot = 0.0
+        ymax = -float("inf")
+        for c0 in range(0, NC, BLOCK):
+            y = _pooled(X, base, c0, N, P, STRIDE_P, CHUNK, CHUNK_P2, BLOCK)
+            okc = (c0 + tl.arange(0, BLOCK)) < NC
+            tot += tl.sum(tl.where(okc, tl.maximum(y, 0.0), 0.0), 0)
+            ymax = tl.maximum(ymax, tl.max(tl.where(okc, y, -float("inf")), 0))
+        if COUNT:
+            target = tl.minimum(VALUE, NC * 1.0)
+        else:
+            target = VALUE * tot
+        if ITERS > 0:
+            lo_v = 0.0
+            hi_v = ymax
+            for _ in range(ITERS):
+                mid = (lo_v + hi_v) * 0.5
+                mass = 0.0
+                for c0 in range(0, NC, BLOCK):
+                    y = _pooled(X, base, c0, N, P, STRIDE_P, CHUNK, CHUNK_P2, BLOCK)
+                    okc = (c0 + tl.arange(0, BLOCK)) < NC
+                    mass += tl.sum(tl.where(okc & (y >= mid), tl.maximum(y, 0.0), 0.0), 0)
+                short = mass < target
+                hi_v = tl.where(short, mid, hi_v)
+                lo_v = tl.where(short, lo_v, mid)
+            theta_key = _keys(lo_v)
+        else:
+            lo = -2147483648 + 0 * m.to(tl.int64)         # pred(lo) holds: every entry is >= lo
+            hi = _keys(ymax) + 1                           # exclusive: nothing above the max
+            for _ in range(8):
+                step = (hi - lo + 15) // 16
+                cand = lo + (lanes + 1).to(tl.int64) * step
+                valid = (lanes < 15) & (cand < hi)
+                stat = tl.zeros([16], tl.float32)
+                for c0 in range(0, NC, BLOCK):
+                    y = _pooled(X, base, c0, N, P, STRIDE_P, CHUNK, CHUNK_P2, BLOCK)
+                    okc = (c0 + tl.arange(0, BLOCK)) < NC
+                    key = _keys(y)
+                    if COUNT:
+                        w = tl.where(okc, 1.0, 0.0)
+                    else:
+                        w = tl.where(okc, tl.maximum(y, 0.0), 0.0)
+                    hit = key[:, None] >= cand[None, :]
+                    stat += tl.sum(tl.where(hit, w[:, None], 0.0), 0)
+                ok = valid & (stat >= target)
+                new_lo = tl.max(tl.where(ok, cand, lo), 0)
+                new_hi = tl.min(tl.where(valid & ~ok, cand, hi), 0)
+                lo = new_lo
+                hi = new_hi
+            theta_key = lo
+        kept = 0
+        for c0 in range(0, NC, BLOCK):
+            cs = c0 + tl.arange(0, BLOCK)
+            okc = cs < NC
+            y = _pooled(X, base, c0, N, P, STRIDE_P, CHUNK, CHUNK_P2, BLOCK)
+            keep = okc & (_keys(y) >= theta_key)
+            kept += tl.sum(keep.to(tl.int32), 0)
+            tl.store(MASK + (m.to(tl.int64) * R + r) * NC + cs, keep.to(tl.int8), mask=okc)
+        tk = theta_key.to(tl.int32)
+        tb = tl.where(tk < 0, tk ^ 0x7FFFFFFF, tk)
+        tl.store(THETA + m * R + r, tb.to(tl.float32, bitcast=True))
+        tl.store(KEPT + m * R + r, kept)
+
+
+def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | None = None, chunk: int = 1,
+                     iters: int | None = None, block: int = BLOCK_C, num_warps: int = 4) -> Selection:
+    """The selection of `sas.methods.threshold` on the Triton kernel: scores [M, R, P, N]
+    (fp32 / fp16 / bf16; any strides with a unit key stride) -> `Selection` with mask [M, Nc]
+    bool, theta [M, R] float32, kept [M, R] int32."""
+    where = "threshold_select"
+    p, k, chunk, iters = check_request(p, k, chunk, iters, where)
+    scores = check_scores(scores, where)
+    if scores.stride(-1) != 1:
+        scores = scores.contiguous()
+    m, r, pp, n = scores.shape
+    nc = -(-n // chunk)
+    mask = torch.empty(m, r, nc, dtype=torch.int8, device=scores.device)
+    theta = torch.empty(m, r, dtype=torch.float32, device=scores.device)
+    kept = torch.empty(m, r, dtype=torch.int32, device=scores.device)
+    blk = max(16, min(block, triton.next_power_of_2(nc)))
+    count = k is not None or p == 1.0          # p = 1 keeps every entry: the count predicate with k = Nc
+    value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
+    threshold_select_kernel[(m, r)](
+        scores, mask, theta, kept, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2),
+        value, COUNT=count, ITERS=0 if count else (iters or 0), CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
+        num_warps=num_warps)
+    return Selection(mask.bool().any(1), theta, kept)
+
+
+__all__ = ["threshold_select", "threshold_select_kernel"]

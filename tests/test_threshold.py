@@ -1,0 +1,140 @@
+"""Threshold selection (sas.methods.threshold, threshold_triton): the sorting-free kernel against
+the sort-based reference (same kept set, mass >= p), top-k against torch.topk, the paper's
+fixed bisection keeping theta_low, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sas.errors import KernelError, PatternError, SASError
+from sas.methods.threshold import expand_chunks, kept_mass, pool, select_reference
+from sas.methods.threshold_triton import threshold_select
+
+
+def rows(shape, seed, kind="peaked"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(*shape, generator=g)
+    if kind == "peaked":
+        return x ** 6
+    if kind == "softmax":
+        return torch.softmax(torch.randn(*shape, generator=g) * 3, -1)
+    return x
+
+
+def test_reference_is_the_sorted_nucleus_by_brute_force():
+    x = rows((2, 1, 1, 9), 0)
+    for p in (0.3, 0.7, 0.95):
+        sel = select_reference(x, p=p)
+        for m in range(2):
+            y = x[m, 0, 0].double()
+            sets = [torch.tensor([(bits >> i) & 1 for i in range(9)], dtype=torch.bool) for bits in range(1, 1 << 9)]
+            fewest = min(int(s.sum()) for s in sets if y[s].sum() >= p * y.sum())
+            most = max(float(y[s].sum()) for s in sets if int(s.sum()) == fewest)
+            # the fewest keys reaching p, and among those the most mass (distinct values: unique)
+            assert int(sel.mask[m].sum()) == fewest
+            assert float(y[sel.mask[m]].sum()) == pytest.approx(most, abs=1e-12)
+
+
+def test_reference_ties_kept_and_p1_keeps_all():
+    x = torch.tensor([[[[0.4, 0.2, 0.2, 0.2, 0.0]]]])
+    assert select_reference(x, p=0.5).mask.tolist() == [[True, True, True, True, False]]
+    assert select_reference(x, p=1.0).mask.all()
+    assert select_reference(x, k=2).mask.tolist() == [[True, True, True, True, False]]   # ties of the 2nd value
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("chunk", [1, 16])
+def test_kernel_equals_sorted_reference_topp(chunk):
+    x = rows((2, 2, 2, 70), chunk, "softmax")
+    for p in (0.6, 0.95):
+        ref = select_reference(x, p=p, chunk=chunk)
+        got = threshold_select(x, p=p, chunk=chunk)
+        assert torch.equal(got.mask, ref.mask), (chunk, p)
+        assert torch.equal(got.kept.long(), ref.kept)
+        assert (kept_mass(x, got.mask, chunk) >= p - 1e-6).all()
+
+
+@pytest.mark.kernels
+def test_kernel_odd_chunk_peaked_rows_and_p1():
+    x = rows((2, 1, 1, 23), 5, "peaked")
+    for p, chunk in ((0.9, 5), (1.0, 1)):
+        assert torch.equal(threshold_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
+    assert threshold_select(torch.zeros(1, 1, 1, 9), p=0.5).mask.all()     # all-zero row: every key (ties)
+
+
+@pytest.mark.kernels
+def test_kernel_topk_equals_torch_topk_and_signed_scores():
+    x = torch.randn(2, 1, 1, 40, generator=torch.Generator().manual_seed(3))      # negative values too
+    for k in (1, 7, 200):
+        got = threshold_select(x, k=k).mask
+        want = torch.zeros(2, 40, dtype=torch.bool)
+        want.scatter_(1, torch.topk(x[:, 0, 0], min(k, 40), dim=-1).indices, True)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.kernels
+def test_kernel_paper_bisection_keeps_theta_low():
+    x = rows((3, 1, 1, 64), 4, "softmax")
+    ref = select_reference(x, p=0.9, iters=10)
+    got = threshold_select(x, p=0.9, iters=10)
+    assert torch.equal(got.mask, ref.mask)
+    exact = select_reference(x, p=0.9).mask
+    assert (got.mask | ~exact).all()                        # a superset of the nucleus
+    assert (kept_mass(x, got.mask) >= 0.9 - 1e-9).all()
+    # the paper's {a >= theta_mid} can fall short: theta_low never does
+    y = pool(x, 1)[:, 0]
+    extras = got.mask & ~exact
+    assert (y[extras] >= got.theta.double().repeat_interleave(64, 0).reshape(3, 64)[extras] - 1e-7).all()
+
+
+@pytest.mark.kernels
+@settings(max_examples=4)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 2), st.integers(1, 60), st.sampled_from([1, 16]),
+       st.floats(0.05, 0.99), st.integers(0, 10_000))
+def test_kernel_random_rows(m, r, pp, n, chunk, p, seed):
+    x = rows((m, r, pp, n), seed, "softmax")
+    ref = select_reference(x, p=p, chunk=chunk)
+    got = threshold_select(x, p=p, chunk=chunk)
+    assert (kept_mass(x, got.mask, chunk) >= p - 1e-5).all()
+    assert torch.equal(got.mask, ref.mask)
+
+
+def test_union_over_rows_and_chunk_expansion():
+    x = torch.zeros(1, 2, 1, 6)
+    x[0, 0, 0, 1] = 1.0
+    x[0, 1, 0, 4] = 1.0
+    assert select_reference(x, p=0.9).mask.tolist() == [[False, True, False, False, True, False]]
+    m = select_reference(x, p=0.9, chunk=4).mask
+    assert m.tolist() == [[True, True]]
+    assert expand_chunks(m, 4, 6).tolist() == [[True] * 6]
+
+
+@pytest.mark.parametrize("kwargs", [dict(p=0.0), dict(p=1.5), dict(p=-0.1), dict(p=float("nan")), dict(p="0.9"),
+                                    dict(k=0), dict(p=0.9, k=3), dict(), dict(p=0.5, chunk=0),
+                                    dict(k=3, iters=10), dict(p=0.5, iters=0)])
+def test_bad_requests(kwargs):
+    x = torch.rand(1, 1, 1, 8)
+    with pytest.raises(KernelError):
+        select_reference(x, **kwargs)
+    with pytest.raises(KernelError):
+        threshold_select(x, **kwargs)
+
+
+def test_bad_scores():
+    for bad in (torch.rand(8), torch.ones(1, 1, 1, 8, dtype=torch.int64), "x", torch.rand(1, 1, 1, 0)):
+        with pytest.raises(SASError):
+            threshold_select(bad, p=0.5)
+
+
+def test_top_p_chain_arguments():
+    from sas import ops
+    for p in (0, 1.01, -1, True):
+        with pytest.raises(PatternError, match="p must be a number in"):
+            ops.external("draft").top_p(p)
+    with pytest.raises(PatternError):
+        ops.external("draft").top_p(0.9, chunk=0)
+    with pytest.raises(PatternError):
+        ops.external("draft").top_p(0.9, pooled="yes")
