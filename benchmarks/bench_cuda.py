@@ -13,12 +13,13 @@ token's store included), and GQA decode (32 / 8 heads, batch 16, largest N). The
 are built first, in parallel (nvcc runs in threads). Medians in ms; ratios CUDA / Triton.
 
     python benchmarks/bench_cuda.py --check --out results/cuda      # correctness, then timing
-    python benchmarks/bench_cuda.py --lengths 16384 --no-main --block-m-sweep
+    python benchmarks/bench_cuda.py --lengths 16384 --sweep       # plus block_n / split choices
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -65,16 +66,21 @@ def check_pattern(name, kern, n, dtype, D, B, H, Hkv, steps, dev, results):
     k = torch.randn(B, Hkv, L, D, device=dev, dtype=dtype, generator=g)
     v = torch.randn(B, Hkv, L, D, device=dev, dtype=dtype, generator=g)
     cases = []
-    # prefill: the square prompt, and suffix queries (the last 37 of n)
-    out = kern(q[:, :, :n], k[:, :, :n], v[:, :, :n])
-    ref = reference(q[:, :, :n], k[:, :, :n], v[:, :, :n], mask[:n, :n])
-    cases.append(("prefill", (out.float() - ref).abs().max().item()))
+    # prefill: the square prompt, and suffix queries (the last 37 of n), with 64- and 32-wide tiles
     lq = min(37, n)
-    out = kern(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n])
-    ref = reference(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n], mask[n - lq:n, :n])
-    cases.append(("prefill_suffix", (out.float() - ref).abs().max().item()))
+    for bn in (64, 32):
+        kern.runtime.block_n = bn
+        out = kern(q[:, :, :n], k[:, :, :n], v[:, :, :n])
+        ref = reference(q[:, :, :n], k[:, :, :n], v[:, :, :n], mask[:n, :n])
+        cases.append((f"prefill_bn{bn}", (out.float() - ref).abs().max().item()))
+        out = kern(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n])
+        ref = reference(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n], mask[n - lq:n, :n])
+        cases.append((f"prefill_suffix_bn{bn}", (out.float() - ref).abs().max().item()))
+    kern.runtime.block_n = None
     # decode: the prompt's cache, then `steps` tokens
-    if kern.plan.can_decode:
+    if kern.plan.can_decode and not kern.runtime.source.decode:
+        print(f"check {name:22s} n={n:5d}: no CUDA decode ({kern.runtime.source.decode_note[:120]})", flush=True)
+    elif kern.plan.can_decode:
         kc, vc = kern.new_cache(B, Hkv, D, dtype, dev)
         kern.fill_cache(k[:, :, :n], v[:, :, :n], kc, vc)
         err = 0.0
@@ -125,6 +131,32 @@ def run_checks(dev):
 
 # --- timing --------------------------------------------------------------------------------------
 
+SPLIT_CHOICES = ((2, 128), (4, 64), (8, 64), (8, 32))
+
+
+def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
+    """CUDA decode time under a few split choices (loader.DECODE_WAVES / DECODE_MIN_SLOTS)."""
+    out = []
+    mod = ck.runtime.loader
+    saved = (mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS)
+    kc, vc = ck.new_cache(qd.shape[0], kd.shape[1], qd.shape[3], dtype, dev)
+    kc.normal_()
+    vc.normal_()
+    o = torch.empty_like(qd)
+    for waves, min_slots in SPLIT_CHOICES:
+        try:
+            mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = waves, min_slots
+            ms = median_ms(lambda: ck.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o), True, rep)
+            what = f"decode B={qd.shape[0]} Hq={qd.shape[1]} waves={waves} min_slots={min_slots}"
+            out.append({"pattern": name, "N": N, "what": what, "ms": ms})
+            print(f"sweep N={N} {name:20s} {what} {ms:8.4f} ms", flush=True)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            out.append({"pattern": name, "N": N, "what": f"decode waves={waves}", "error": repr(e)[:300]})
+    mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = saved
+    return out
+
+
 def prebuild(kernels, dtype, D):
     """Build every CUDA kernel's library for (dtype, D) in parallel (nvcc in threads)."""
     t = time.time()
@@ -144,8 +176,10 @@ def main() -> None:
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--no-gqa", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--block-m", type=int, default=None, help="CUDA prefill block_m (64 or 128; default: the runtime's)")
-    ap.add_argument("--block-m-sweep", action="store_true", help="time CUDA prefill with block_m 64 and 128")
+    ap.add_argument("--block-n", type=int, default=None, help="CUDA prefill block_n (64 or 32; default: automatic)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="at the largest length: CUDA prefill with block_n 64 and 32, CUDA decode with a few "
+                         "(waves, min_slots) split choices")
     ap.add_argument("--gqa-batch", type=int, default=16)
     args = ap.parse_args()
 
@@ -191,8 +225,8 @@ def main() -> None:
             p = load_pattern(name)
             tk = SASAttnKernel(p, max_len=N)
             ck = SASAttnKernel(plan=tk.plan, backend="cuda")
-            if args.block_m:
-                ck.runtime.block_m = args.block_m
+            if args.block_n:
+                ck.runtime.block_n = args.block_n
             kernels[(name, N)] = (tk, ck)
     prebuild([c for _, c in kernels.values()], dtype, D)
 
@@ -208,7 +242,8 @@ def main() -> None:
                 tk, ck = kernels[(name, N)]
                 C = tk.cache_size
                 row = {"pattern": name, "N": N, "cache_size": C, "sdpa_prefill_ms": sdpa_prefill,
-                       "sdpa_decode_ms": sdpa_decode, "cuda_block_m": ck.runtime.block_m}
+                       "sdpa_decode_ms": sdpa_decode, "cuda_block_n": ck.runtime.tile_width(N, N),
+                       "triton_prefill_config": list(dataclasses.astuple(tk.plan.prefill_config(N, N)))}
                 t_out = tk(q, k, v)
                 c_out = ck(q, k, v)
                 row["cuda_prefill_rel_err_vs_triton"] = rel_err(c_out, t_out)
@@ -241,20 +276,21 @@ def main() -> None:
                 traceback.print_exc()
                 rows.append({"pattern": name, "N": N, "error": repr(e)[:300]})
             dump()
-        if args.block_m_sweep:
+        if args.sweep and N == max(lengths):
             for name in names:
-                for bmv in (64, 128):
+                _, ck = kernels[(name, N)]
+                old = ck.runtime.block_n
+                for bn in (64, 32):
                     try:
-                        _, ck = kernels[(name, N)]
-                        old = ck.runtime.block_m
-                        ck.runtime.block_m = bmv
+                        ck.runtime.block_n = bn
                         ms = median_ms(lambda: ck(q, k, v), False, rep)
-                        ck.runtime.block_m = old
-                        sweep.append({"pattern": name, "N": N, "block_m": bmv, "cuda_prefill_ms": ms})
-                        print(f"sweep N={N} {name:20s} block_m={bmv:3d} {ms:8.4f} ms", flush=True)
+                        sweep.append({"pattern": name, "N": N, "what": f"prefill block_n={bn}", "ms": ms})
+                        print(f"sweep N={N} {name:20s} prefill block_n={bn:3d} {ms:8.4f} ms", flush=True)
                     except Exception as e:  # noqa: BLE001
                         traceback.print_exc()
-                        sweep.append({"pattern": name, "N": N, "block_m": bmv, "error": repr(e)[:300]})
+                        sweep.append({"pattern": name, "N": N, "what": f"prefill block_n={bn}", "error": repr(e)[:300]})
+                ck.runtime.block_n = old
+                sweep += decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev)
             dump()
         del q, k, v
         torch.cuda.empty_cache()
@@ -294,6 +330,8 @@ def main() -> None:
                 row["hbm_floor_decode_ms"] = 2 * C * B * Hkv * D * 2 / bw * 1e3
                 gqa_rows.append(row)
                 print("GQA " + _fmt(row), flush=True)
+                if args.sweep:
+                    sweep += decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 gqa_rows.append({"pattern": name, "N": N, "error": repr(e)[:300]})
@@ -384,8 +422,8 @@ def _markdown(meta, checks, rows, gqa_rows, sweep, summary):
                                  f"{g(r, 'flex_decode_ms')} | {g(r, 'triton_decode_ms')} | {g(r, 'cuda_decode_ms')} | "
                                  f"{y(r)} | {g(r, 'hbm_floor_decode_ms')} |")
     if sweep:
-        lines += ["", "## CUDA prefill block_m sweep", "", "| pattern | N | block_m | ms |", "|---|---|---|---|"]
-        lines += [f"| {r['pattern']} | {r['N']} | {r['block_m']} | {g(r, 'cuda_prefill_ms')} |" for r in sweep]
+        lines += ["", "## CUDA option sweep (largest N)", "", "| pattern | N | choice | ms |", "|---|---|---|---|"]
+        lines += [f"| {r['pattern']} | {r['N']} | {r['what']} | {g(r, 'ms')} |" for r in sweep]
     errs = [r for r in rows + gqa_rows if "error" in r]
     lines += ["", "## Summary", ""] + [f"- {k}: {v:.3f}" for k, v in summary.items()]
     lines += [f"- FAILED: {r['pattern']} N={r['N']}: {r['error']}" for r in errs]

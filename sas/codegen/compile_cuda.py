@@ -3,8 +3,10 @@ branch): `kernels.cu` (templates/cuda/kernels.cu.jinja), `loader.py` (builds it 
 first use and launches it on torch tensors through ctypes), `report.json` and `report.md`.
 
 Before anything is written the generated source is compiled by nvcc for sm_90 (an object file
-in a temporary folder): nvcc missing or failing is a `KernelError` carrying its trimmed message,
-and the output folder is left untouched.
+in a temporary folder), with the kernels for the requested dtype and head dim instantiated (the
+other pairs are the same template code with other types; compiling them all takes 4x longer):
+nvcc missing or failing is a `KernelError` carrying its trimmed message, and the output folder is
+left untouched.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 from typing import Any
 
 from sas.codegen.cuda_backend import (
-    BLOCK_N,
     CUDA_TEMPLATE_VERSION,
     DEFAULT_ARCH,
     check_compiles,
@@ -31,14 +32,14 @@ def cuda_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_head
                batch: int) -> tuple[dict[str, str | bytes], dict[str, Any]]:
     """Files and report for a static plan (every check, and nvcc, before returning)."""
     check_head_dim(head_dim, "compile_pattern")
-    check_dtype(dtype, "compile_pattern")
+    dtype_code = check_dtype(dtype, "compile_pattern")
     if plan.is_dynamic:
         raise NotYetSupportedError(
             "compile_pattern: the cuda backend compiles static patterns only; a pattern with a Dynamic component "
             "compiles with --backend triton")
     analysis = plan.analysis if plan.can_decode else None
     cs = render_cuda(plan.pattern, analysis)
-    check_compiles(cs.source, DEFAULT_ARCH)
+    check_compiles(cs.source, DEFAULT_ARCH, dtype=dtype_code, head_dim=head_dim)
     loader = render_loader(cs, plan.pattern, plan.max_len)
     notes = []
     if not plan.causal:
@@ -51,8 +52,8 @@ def cuda_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_head
         "pattern": repr(plan.pattern), "backend": "cuda", "template_version": CUDA_TEMPLATE_VERSION,
         "max_len": plan.max_len, "head_dim": head_dim, "dtype": dtype, "batch": batch, "num_heads": num_heads,
         "num_kv_heads": num_kv_heads, "predicate": plan.pattern.predicate_source(), "causal": plan.causal,
-        "namespace": cs.namespace, "checked_with": f"nvcc -c for {DEFAULT_ARCH}",
-        "prefill": {"block_m": [64, 128], "block_n": BLOCK_N}, "decode": cs.decode,
+        "namespace": cs.namespace, "checked_with": f"nvcc -c for {DEFAULT_ARCH} ({dtype}, head dim {head_dim} instantiated)",
+        "prefill": {"block_m": 64, "block_n": [64, 32]}, "decode": cs.decode,
         "notes": notes, "files": list(FILES),
     }
     if cs.decode:
@@ -77,8 +78,8 @@ def _markdown(r: dict[str, Any]) -> str:
     lines += ["", "## Use", "", "```python",
               "import loader                      # this folder on sys.path (or import it as a package module)",
               "loader.build()                     # nvcc, once per source and GPU architecture (cached)",
-              "tiles = loader.build_tiles(L, device='cuda', block_m=128)",
-              "out = loader.prefill(q, k, v, *tiles, block_m=128)   # q [B, Hq, L, D], k, v [B, Hkv, L, D]"]
+              "tiles = loader.build_tiles(L, device='cuda', block_n=64)",
+              "out = loader.prefill(q, k, v, *tiles, block_n=64)   # q [B, Hq, L, D], k, v [B, Hkv, L, D]"]
     if r["decode"]:
         lines += ["k_cache = torch.zeros(B, Hkv, loader.CACHE_SIZE, D, dtype=q.dtype, device='cuda')",
                   "v_cache = torch.zeros_like(k_cache)",

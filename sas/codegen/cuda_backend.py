@@ -47,10 +47,8 @@ CUDA_TEMPLATE_VERSION = "cuda-1"
 SUPPORTED_HEAD_DIMS = (64, 128)
 #: dtype name -> the code the entry points take
 CUDA_DTYPES = {"bfloat16": 0, "float16": 1}
-#: key-block width of the prefill kernel (templates/cuda/kernels.cu.jinja, BN)
+#: default key-block width of the prefill kernel (templates/cuda/kernels.cu.jinja; 32 also built)
 BLOCK_N = 64
-#: query rows per prefill block by warps (16 rows per warp)
-PREFILL_WARPS = (4, 8)
 DEFAULT_ARCH = "sm_90"
 #: characters of compiler output kept in an error message
 MESSAGE_CHARS = 1500
@@ -210,17 +208,18 @@ def check_arch(arch: str) -> str:
     return arch
 
 
-def config_flags(dtype: int | None = None, head_dim: int | None = None) -> list[str]:
-    """nvcc defines restricting a build to one element type code / head dim (None: all)."""
+def config_flags(dtype: int | None = None, head_dim: int | None = None, minimal: bool = False) -> list[str]:
+    """nvcc defines restricting a build to one element type code / head dim (None: all);
+    `minimal`: one prefill and one decode instantiation (compile checks of many patterns)."""
     return ([] if dtype is None else [f"-DSAS_DTYPE={int(dtype)}"]) + \
-        ([] if head_dim is None else [f"-DSAS_HEAD_DIM={int(head_dim)}"])
+        ([] if head_dim is None else [f"-DSAS_HEAD_DIM={int(head_dim)}"]) + (["-DSAS_MIN_INSTANCES"] if minimal else [])
 
 
 def nvcc_command(nvcc: str, arch: str, src: str, out: str, *, shared: bool = True, dtype: int | None = None,
-                 head_dim: int | None = None) -> list[str]:
+                 head_dim: int | None = None, minimal: bool = False) -> list[str]:
     num = check_arch(arch)[3:]
     gencode = f"-gencode=arch=compute_{num},code=sm_{num}"
-    return [nvcc, *NVCC_FLAGS, *config_flags(dtype, head_dim), gencode, "--shared" if shared else "-c", src, "-o",
+    return [nvcc, *NVCC_FLAGS, *config_flags(dtype, head_dim, minimal), gencode, "--shared" if shared else "-c", src, "-o",
             out]
 
 
@@ -245,16 +244,16 @@ def _run_nvcc(cmd: list[str], what: str) -> None:
 
 
 def check_compiles(source: str, arch: str = DEFAULT_ARCH, nvcc: str | None = None, *, dtype: int | None = None,
-                   head_dim: int | None = None) -> None:
+                   head_dim: int | None = None, minimal: bool = False) -> None:
     """Compile `source` to an object for `arch` in a temporary folder (nothing kept); a
-    KernelError with nvcc's message when it fails. `dtype` / `head_dim` restrict the
-    instantiations (None: all)."""
+    KernelError with nvcc's message when it fails. `dtype` / `head_dim` / `minimal` restrict the
+    instantiations (`config_flags`)."""
     nvcc = nvcc or find_nvcc()
     with tempfile.TemporaryDirectory(prefix="sas_nvcc_") as tmp:
         src = os.path.join(tmp, "kernels.cu")
         Path(src).write_text(source)
         _run_nvcc(nvcc_command(nvcc, arch, src, os.path.join(tmp, "kernels.o"), shared=False, dtype=dtype,
-                               head_dim=head_dim),
+                               head_dim=head_dim, minimal=minimal),
                   f"compiling the generated CUDA for {arch}")
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from sas.codegen.cuda_backend import (
-    BLOCK_N,
     CUDA_DTYPES,
     SUPPORTED_HEAD_DIMS,
     build_library,
@@ -35,9 +34,9 @@ from sas.plan import Plan
 from sas.runtime.executor import register_backend
 from sas.runtime.tiles import runs_tensors
 
-#: prefill query-block heights the kernels are built for (16 rows per warp)
-BLOCK_MS = (64, 128)
-DEFAULT_BLOCK_M = int(os.environ.get("SAS_CUDA_BLOCK_M", "64"))
+#: prefill tile shape: 64 query rows (4 warps of 16) by 64 or 32 keys
+BLOCK_M = 64
+BLOCK_NS = (64, 32)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -54,20 +53,20 @@ def check_cuda_tensor(where: str, name: str, t: torch.Tensor) -> None:
 
 class CudaRuntime:
     """Generated CUDA kernels for a static plan. `num_splits` fixes the decode split count
-    (None: about two blocks per SM, one split for caches under 256 slots); `cache_dir` is where
-    the loader module and the built library are kept; `block_m` (64 or 128) the prefill tile
-    height."""
+    (None: `num_splits_for` of the loader); `cache_dir` is where the loader module and the built
+    libraries are kept; `block_n` (64 or 32) fixes the prefill tile width (None: the plan's
+    automatic choice for the Triton kernels, `auto_prefill_options`, whose 64 x 32 tiles for
+    narrow column structure apply here too; its 128-wide tiles become 64)."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 block_m: int | None = None, arch: str | None = None):
+                 block_n: int | None = None, arch: str | None = None):
         if plan.is_dynamic:
             raise NotYetSupportedError("SASAttnKernel: backend='cuda' runs static patterns only")
-        block_m = DEFAULT_BLOCK_M if block_m is None else block_m
-        if block_m not in BLOCK_MS:
-            raise KernelError(f"CudaRuntime: block_m must be one of {BLOCK_MS}, got {block_m!r}")
+        if block_n is not None and block_n not in BLOCK_NS:
+            raise KernelError(f"CudaRuntime: block_n must be one of {BLOCK_NS}, got {block_n!r}")
         self.plan = plan
         self.num_splits = num_splits
-        self.block_m = block_m
+        self.block_n = block_n
         self.source = render_cuda(plan.pattern, plan.analysis if plan.analysis is not None else None)
         if arch is None:
             if not torch.cuda.is_available():
@@ -94,15 +93,21 @@ class CudaRuntime:
         return self._build(CUDA_DTYPES[str(dtype).removeprefix("torch.")], head_dim)
 
     # --- prefill -----------------------------------------------------------------------------
+    def tile_width(self, q_len: int, k_len: int) -> int:
+        if self.block_n is not None:
+            return self.block_n
+        return 32 if self.plan.prefill_config(q_len, k_len).block_n == 32 else 64
+
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
-        """(full_rowptr, full_cols, part_rowptr, part_cols, order) for block_m x 64 tiles."""
-        key = (q_len, k_len, str(device))
+        """(block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for 64 x block_n tiles."""
+        bn = self.tile_width(q_len, k_len)
+        key = (q_len, k_len, bn, str(device))
         hit = self._tiles.get(key)
         if hit is not None:
             self._tiles.move_to_end(key)
             return hit
-        runs = tile_runs(self.plan.prefill_pattern, q_len, k_len, self.block_m, BLOCK_N, k_len - q_len)
-        out = runs_tensors(runs, device)
+        runs = tile_runs(self.plan.prefill_pattern, q_len, k_len, BLOCK_M, bn, k_len - q_len)
+        out = (bn,) + runs_tensors(runs, device)
         self._tiles[key] = out
         while len(self._tiles) > 16:
             self._tiles.popitem(last=False)
@@ -111,10 +116,10 @@ class CudaRuntime:
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_cuda_tensor("prefill", name, t)
-        fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
+        bn, fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
         with torch.cuda.device(q.device):
             return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2], out=out,
-                                       block_m=self.block_m)
+                                       block_n=bn)
 
     # --- the compact cache ---------------------------------------------------------------------
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
