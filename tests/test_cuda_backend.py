@@ -294,3 +294,20 @@ def test_runtime_needs_a_gpu():
 
     with pytest.raises(KernelError, match="backend='cuda' needs a CUDA device"):
         SASAttnKernel(STREAMING, max_len=64, backend="cuda")
+
+
+@needs_nvcc
+def test_runtime_decides_the_tile_width_once_per_length(monkeypatch):
+    """The prefill tile width comes from the plan's cached schedule: no tile counting per call
+    (a first H100 run recomputed it on every call and timed Python, not the kernel)."""
+    import sas.plan
+    from sas.plan import make_plan
+    from sas.runtime.cuda import CudaRuntime
+
+    calls = []
+    real = sas.plan.auto_prefill_options
+    monkeypatch.setattr(sas.plan, "auto_prefill_options", lambda *a, **k: calls.append(a) or real(*a, **k))
+    rt = CudaRuntime(make_plan(TABLE1_KERNELS["openai_fixed"], 512), arch="sm_90")
+    widths = {rt.tile_width(512, 512) for _ in range(5)}
+    tiles = [rt.tile_tensors(512, 512, torch.device("cpu")) for _ in range(3)]
+    assert len(widths) == 1 and len(calls) == 1 and tiles[0] is tiles[2]

@@ -94,9 +94,11 @@ class CudaRuntime:
 
     # --- prefill -----------------------------------------------------------------------------
     def tile_width(self, q_len: int, k_len: int) -> int:
+        """The prefill tile width for this length: the fixed `block_n`, else the plan's choice
+        (its schedule, made once per length and cached: deciding costs a tile count)."""
         if self.block_n is not None:
             return self.block_n
-        return 32 if self.plan.prefill_config(q_len, k_len).block_n == 32 else 64
+        return 32 if self.plan.schedule(q_len, k_len).options.block_n == 32 else 64
 
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
         """(block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for 64 x block_n tiles."""
