@@ -10,11 +10,13 @@ from setuptools import find_packages, setup
 
 #: data-only packages inside the wheel -> their folder in the repository
 DATA_PACKAGES = {"sas.templates": "templates", "sas.templates.triton": "templates/triton",
-                 "sas.templates.nki": "templates/nki", "sas.grammar": "grammar"}
+                 "sas.templates.nki": "templates/nki", "sas.grammar": "grammar",
+                 "sas.templates.cuda": "templates/cuda"}
 
 setup(
     packages=find_packages(include=["sas", "sas.*"]) + list(DATA_PACKAGES),
     package_dir=DATA_PACKAGES,
     package_data={"sas": ["py.typed"], "sas.templates.triton": ["*.jinja"],
-                  "sas.templates.nki": ["*.jinja"], "sas.grammar": ["*.lark"]},
+                  "sas.templates.nki": ["*.jinja"], "sas.grammar": ["*.lark"],
+                  "sas.templates.cuda": ["*.jinja"]},
 )

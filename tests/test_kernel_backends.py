@@ -68,5 +68,5 @@ def test_torch_backend_refuses_dynamic_patterns_and_unknown_backends():
     h2o = Diag(0, 4) + Diag(4, None) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1))
     with pytest.raises(NotYetSupportedError, match="backend='torch' runs static patterns only"):
         SASAttnKernel(h2o, max_len=32, backend="torch")
-    with pytest.raises(KernelError, match="unknown backend 'cuda'.*triton, torch"):
-        SASAttnKernel(Causal(), max_len=32, backend="cuda")
+    with pytest.raises(KernelError, match="unknown backend 'metal'.*triton, torch, cuda"):
+        SASAttnKernel(Causal(), max_len=32, backend="metal")

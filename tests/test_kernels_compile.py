@@ -89,7 +89,7 @@ def test_non_causal_pattern_compiles_prefill_only(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
-    ({"backend": "cuda"}, SASError, "backend"),
+    ({"backend": "metal"}, SASError, "backend"),
     ({"max_len": 0}, KernelError, "max_len"),
     ({"head_dim": 96}, KernelError, "head_dim"),
     ({"dtype": "int8"}, KernelError, "dtype"),

@@ -161,7 +161,7 @@ def test_prefill_argument_errors(args, match):
 
 def test_constructor_errors():
     with pytest.raises(KernelError, match="backend"):
-        SASAttnKernel(Causal(), backend="cuda")
+        SASAttnKernel(Causal(), backend="metal")
     with pytest.raises(KernelError, match="pattern"):
         SASAttnKernel("causal")  # type: ignore[arg-type]
     with pytest.raises(KernelError, match="max_len"):

@@ -50,7 +50,7 @@ from sas.plan import DTYPES, Plan, TileSchedule, dtype_name, make_plan
 from sas.runtime import dynamic_host, standalone
 from sas.runtime.tiles import schedule_tensors
 
-BACKENDS = ("triton", "nki")
+BACKENDS = ("triton", "cuda", "nki")
 DEFAULT_MAX_LEN = 16384
 
 
@@ -145,7 +145,10 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
                          dtype=dtype_, prefill_options=prefill_options, decode_options=decode_options,
                          analysis=analysis)
     shapes = dict(head_dim=head_dim, dtype=dtype_, num_heads=num_heads, num_kv_heads=num_kv_heads, batch=batch)
-    if backend == "nki":   # AWS Trainium kernels: sas.codegen.nki_backend (docs/nki.md)
+    if backend == "cuda":   # CUDA C++ kernels: sas.codegen.compile_cuda (docs/cuda.md)
+        from sas.codegen.compile_cuda import cuda_files
+        files, report = cuda_files(plan, **shapes)
+    elif backend == "nki":   # AWS Trainium kernels: sas.codegen.nki_backend (docs/nki.md)
         from sas.codegen.nki_backend import nki_files
         files, report = nki_files(plan, **shapes)
     elif plan.is_dynamic:

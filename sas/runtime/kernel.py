@@ -40,7 +40,7 @@ from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "cuda")
 DEFAULT_MAX_LEN = 16384
 
 

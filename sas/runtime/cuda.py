@@ -1,0 +1,157 @@
+"""`CudaRuntime`: the CUDA C++ executor of a static pattern's plan (`SASAttnKernel(...,
+backend="cuda")`, the `StaticRuntime` protocol of `sas.runtime.executor`).
+
+At construction it renders the pattern's kernels (`sas.codegen.cuda_backend.render_cuda`) and
+their loader, builds the library with nvcc for the current device (cached by a hash of the
+source: a second kernel of the same pattern reuses it) and binds it through ctypes. Prefill runs
+over the plan's exact tile runs for the kernel's `block_m` x 64 tiles; decode over the compact
+cache in one launch (split-K with the merge done by the last split). Limits checked before any
+work: CUDA tensors, bf16 / fp16, head dims 64 and 128.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from sas.codegen.cuda_backend import (
+    CUDA_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    build_library,
+    find_nvcc,
+    render_cuda,
+    render_loader,
+)
+from sas.codegen.triton_backend import load_source
+from sas.errors import KernelError, NotYetSupportedError
+from sas.ir.tile_runs import tile_runs
+from sas.plan import Plan
+from sas.runtime.executor import register_backend
+from sas.runtime.tiles import runs_tensors
+
+#: prefill tile shape: 64 query rows (4 warps of 16) by 64 or 32 keys
+BLOCK_M = 64
+BLOCK_NS = (64, 32)
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_cuda_tensor(where: str, name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cuda":
+        raise KernelError(f"{where}: {name} is on {t.device}; the cuda backend needs CUDA tensors")
+    if t.dtype not in _DTYPES:
+        raise KernelError(f"{where}: {name} has dtype {t.dtype}; the cuda backend supports torch.bfloat16 and "
+                          f"torch.float16")
+    if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise KernelError(f"{where}: head_dim {t.shape[-1]} is not supported by the cuda backend; supported: "
+                          f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+
+
+class CudaRuntime:
+    """Generated CUDA kernels for a static plan. `num_splits` fixes the decode split count
+    (None: `num_splits_for` of the loader); `cache_dir` is where the loader module and the built
+    libraries are kept; `block_n` (64 or 32) fixes the prefill tile width (None: the plan's
+    automatic choice for the Triton kernels, `auto_prefill_options`, whose 64 x 32 tiles for
+    narrow column structure apply here too; its 128-wide tiles become 64)."""
+
+    def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 block_n: int | None = None, arch: str | None = None):
+        if plan.is_dynamic:
+            raise NotYetSupportedError("SASAttnKernel: backend='cuda' runs static patterns only")
+        if block_n is not None and block_n not in BLOCK_NS:
+            raise KernelError(f"CudaRuntime: block_n must be one of {BLOCK_NS}, got {block_n!r}")
+        self.plan = plan
+        self.num_splits = num_splits
+        self.block_n = block_n
+        self.source = render_cuda(plan.pattern, plan.analysis if plan.analysis is not None else None)
+        if arch is None:
+            if not torch.cuda.is_available():
+                raise KernelError("SASAttnKernel: backend='cuda' needs a CUDA device (none is visible); use "
+                                  "backend='triton' (TRITON_INTERPRET=1 on the CPU) or 'torch'")
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"sm_{major}{minor}"
+        self.arch = arch
+        self.nvcc = find_nvcc()
+        self._directory = Path(cache_dir) / "cuda" if cache_dir is not None else None
+        self.loader: ModuleType = load_source(render_loader(self.source, plan.pattern, plan.max_len),
+                                              "sas_cuda_loader", Path(cache_dir) if cache_dir is not None else None)
+        self.loader.builder = self._build
+        self._tiles: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def _build(self, dtype: int | None = None, head_dim: int | None = None) -> Path:
+        """Build (or find in the cache) the library for one element type code and head dim."""
+        lib = build_library(self.source.source, self.arch, self._directory, self.nvcc, dtype=dtype, head_dim=head_dim)
+        self.loader.bind(lib, dtype, head_dim)
+        return lib
+
+    def ensure_built(self, dtype: torch.dtype, head_dim: int) -> Path:
+        """Build the library for `dtype` / `head_dim` now (else the first call builds it)."""
+        return self._build(CUDA_DTYPES[str(dtype).removeprefix("torch.")], head_dim)
+
+    # --- prefill -----------------------------------------------------------------------------
+    def tile_width(self, q_len: int, k_len: int) -> int:
+        """The prefill tile width for this length: the fixed `block_n`, else the plan's choice
+        (its schedule, made once per length and cached: deciding costs a tile count)."""
+        if self.block_n is not None:
+            return self.block_n
+        return 32 if self.plan.schedule(q_len, k_len).options.block_n == 32 else 64
+
+    def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
+        """(block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for 64 x block_n tiles."""
+        bn = self.tile_width(q_len, k_len)
+        key = (q_len, k_len, bn, str(device))
+        hit = self._tiles.get(key)
+        if hit is not None:
+            self._tiles.move_to_end(key)
+            return hit
+        runs = tile_runs(self.plan.prefill_pattern, q_len, k_len, BLOCK_M, bn, k_len - q_len)
+        out = (bn,) + runs_tensors(runs, device)
+        self._tiles[key] = out
+        while len(self._tiles) > 16:
+            self._tiles.popitem(last=False)
+        return out
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_cuda_tensor("prefill", name, t)
+        bn, fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
+        with torch.cuda.device(q.device):
+            return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2], out=out,
+                                       block_n=bn)
+
+    # --- the compact cache ---------------------------------------------------------------------
+    def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (batch, num_kv_heads, max(1, self.plan.cache_size), head_dim)
+        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+    def _require_decode(self, where: str) -> None:
+        if not self.source.decode:
+            raise NotYetSupportedError(f"{where}: {self.source.decode_note}")
+
+    def fill_cache(self, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
+        self._require_decode("fill_cache")
+        check_cuda_tensor("fill_cache", "k", k)
+        self.loader.fill_cache(k, v, past_k, past_v)
+
+    # --- decode --------------------------------------------------------------------------------
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
+               position: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._require_decode("decode")
+        for name, t in (("q", q), ("k", k), ("v", v), ("past_k", past_k), ("past_v", past_v)):
+            check_cuda_tensor("decode", name, t)
+        for name, t in (("past_k", past_k), ("past_v", past_v)):
+            if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+                raise KernelError(f"decode: {name} must have a contiguous last dimension and 16-byte aligned rows "
+                                  f"(new_cache makes such caches)")
+        with torch.cuda.device(q.device):
+            return self.loader.decode(q, k, v, past_k, past_v, int(position), out=out, num_splits=self.num_splits)
+
+
+register_backend("cuda", CudaRuntime)
+
+__all__ = ["CudaRuntime", "check_cuda_tensor"]

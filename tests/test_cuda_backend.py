@@ -1,0 +1,313 @@
+"""The CUDA backend without a GPU.
+
+- The C++ printer (sas.codegen.printers) is compiled by g++ on the host and its predicate,
+  cache_id_func and mask_func evaluated on every cell: they equal the exact mask
+  `pattern.to_mask(n)` (the oracle) and the analysis' own Python functions, for the Table-1
+  patterns and hypothesis-drawn causal compositions.
+- nvcc compiles the generated CUDA for sm_90 for the same patterns (one translation unit, each
+  pattern in its own namespace, one prefill and one decode instantiation each to keep it short),
+  and `sas compile --backend cuda` compiles the requested dtype / head dim before writing.
+- The loader's torch parts (cache ids, fill_cache, tile lists) against the analysis and the mask.
+- Bad input: head dims and dtypes the backend does not take, Dynamic patterns, nvcc missing or
+  failing: each a SASError naming the problem, with nothing written.
+
+Correctness of the kernels themselves runs on the GPU (benchmarks/bench_cuda.py --check; the
+results are in docs/cuda.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sas import Causal, Diag, Dynamic, Rect, ops
+from sas.analysis import analyze
+from sas.codegen.compile import compile_pattern
+from sas.codegen.cuda_backend import check_compiles, find_nvcc, render_cuda, render_loader, trim_message
+from sas.codegen.printers import find_function, lower_function, lower_predicate, table_refs
+from sas.errors import KernelError, NotYetSupportedError, SASError
+
+from helpers.table1 import TABLE1_ANALYSIS, TABLE1_KERNELS
+from strategies import causal_patterns
+
+pytestmark = pytest.mark.kernels
+
+N = 96   # positions evaluated by the host checks (analysis max_len)
+
+
+def _nvcc() -> str | None:
+    try:
+        return find_nvcc()
+    except KernelError:
+        return None
+
+
+NVCC = _nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found on PATH, $CUDA_HOME/bin or "
+                                                     "/usr/local/cuda/bin: the CUDA compile checks need it")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found: the C++ printer check needs it")
+
+
+# --- the C++ printer, evaluated by g++ -----------------------------------------------------------
+
+def _cpp_unit(k: int, pattern, analysis) -> tuple[str, str, bool]:
+    """C++ functions of pattern k (namespace p<k>) and the main() lines printing their values:
+    the predicate on N x N, cache_id_func on 0..N-1, mask_func on cache x N (when it lowers)."""
+    pred = lower_predicate(pattern, "qi", "kj", dialect="cpp")
+    fns, refs = analysis.functions, table_refs(dict(analysis.tables))
+    cid = lower_function(find_function(fns, "cache_id_func"), ["pos"], refs, module=fns, prefix="cid_",
+                         dialect="cpp")
+    try:
+        msk = lower_function(find_function(fns, "mask_func"), ["slot", "pos"], refs, boolean=True, module=fns,
+                             prefix="msk_", dialect="cpp")
+    except NotYetSupportedError:   # a table search: the CUDA backend does not generate decode then
+        msk = None
+    tables = "".join(f"static const int {ref.arg}[] = {{{', '.join(map(str, ref.values))}}};\n"
+                     for ref in refs.values() if ref.length)
+    body = [f"namespace p{k} {{", tables,
+            f"static bool mask(int qi, int kj) {{ return {pred}; }}",
+            "static int cid(int pos) {", *cid.lines, f"return (int)({cid.expr}); }}"]
+    if msk is not None:
+        body += ["static bool att(int slot, int pos) {", *msk.lines, f"return {msk.expr}; }}"]
+    body.append("}")
+    C = int(analysis.cache_size)
+    main = [f"for (int i = 0; i < {N}; ++i) for (int j = 0; j < {N}; ++j) putchar('0' + p{k}::mask(i, j));",
+            "putchar('\\n');",
+            f"for (int p = 0; p < {N}; ++p) printf(\"%d \", p{k}::cid(p));", "putchar('\\n');"]
+    if msk is not None:
+        main += [f"for (int s = 0; s < {C}; ++s) for (int p = 0; p < {N}; ++p) putchar('0' + p{k}::att(s, p));",
+                 "putchar('\\n');"]
+    return "\n".join(body), "\n".join(main), msk is not None
+
+
+def _run_cpp(patterns, tmp_path: Path) -> None:
+    analyses = [analyze(p, N) for p in patterns]
+    units = [_cpp_unit(k, p, a) for k, (p, a) in enumerate(zip(patterns, analyses))]
+    src = "#include <cstdio>\n" + "\n".join(u[0] for u in units) + "\nint main() {\n" + \
+        "\n".join(u[1] for u in units) + "\nreturn 0; }\n"
+    (tmp_path / "p.cpp").write_text(src)
+    subprocess.run(["g++", "-O0", "-w", "-o", str(tmp_path / "p"), str(tmp_path / "p.cpp")], check=True,
+                   capture_output=True, timeout=120)
+    lines = subprocess.run([str(tmp_path / "p")], check=True, capture_output=True, text=True,
+                           timeout=60).stdout.split("\n")
+    at = 0
+    for (pattern, a, (_, _, has_mask)) in zip(patterns, analyses, units):
+        got = np.frombuffer(lines[at].encode(), dtype=np.uint8).reshape(N, N) == ord("1")
+        np.testing.assert_array_equal(got, pattern.to_mask(N), err_msg=repr(pattern))
+        assert [int(x) for x in lines[at + 1].split()] == [a.cache_id_func(p) for p in range(N)], repr(pattern)
+        at += 2
+        if has_mask:
+            C = int(a.cache_size)
+            got = np.frombuffer(lines[at].encode(), dtype=np.uint8).reshape(C, N) == ord("1")
+            want = np.array([[bool(a.mask_func(s, p)) for p in range(N)] for s in range(C)]).reshape(C, N)
+            np.testing.assert_array_equal(got, want, err_msg=repr(pattern))
+            at += 1
+
+
+@needs_gxx
+def test_cpp_printer_table1(tmp_path):
+    _run_cpp(list(TABLE1_ANALYSIS.values()) + list(TABLE1_KERNELS.values()), tmp_path)
+
+
+@needs_gxx
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.lists(causal_patterns(max_depth=3), min_size=8, max_size=8))
+def test_cpp_printer_random(tmp_path_factory, patterns):
+    patterns = [p for p in patterns if not p.dynamics()]
+    ok = []
+    for p in patterns:
+        try:
+            analyze(p, N)
+        except SASError:
+            continue
+        ok.append(p)
+    if ok:
+        _run_cpp(ok, tmp_path_factory.mktemp("cpp"))
+
+
+def test_cpp_constants_and_tables():
+    # a table read is guarded (no out-of-range index), large constants are 64-bit
+    refs = table_refs({"T": [5, 6, 7]})
+    fdef = ast.parse("def f(pos):\n    x = pos * 3000000000\n    return T[pos - 1] + x").body[0]
+    out = lower_function(fdef, ["pos"], refs, dialect="cpp")
+    assert out.lines == ("const auto t_x_0 = (pos * 3000000000LL);",)
+    assert out.expr == "(((((pos - 1) >= 0) && ((pos - 1) < 3)) ? tbl_T[(pos - 1)] : 0) + t_x_0)"
+
+
+# --- nvcc for sm_90 --------------------------------------------------------------------------------
+
+@needs_nvcc
+def test_nvcc_compiles_table1_and_random_compositions():
+    """One translation unit: the six Table-1 patterns (prefill + decode) and drawn compositions
+    (decode where they lower; non-causal ones prefill only), each in its own namespace."""
+    pats = list(TABLE1_KERNELS.values())
+    drawn: list = []
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=True)
+    @given(causal_patterns(max_depth=3))
+    def collect(p):
+        drawn.append(p)
+
+    collect()
+    pats += [p for p in drawn if not p.dynamics()][:4]
+    pats += [Diag(-3, 8), Rect(rows=(0, 40), cols=(8, 24)) + Diag(0, 4)]   # not causal: prefill only
+    sources, decodes = [], 0
+    for p in pats:
+        try:
+            a = analyze(p, 256)
+        except SASError:
+            a = None
+        cs = render_cuda(p, a)
+        decodes += cs.decode
+        sources.append(cs.source)
+    assert decodes >= 8
+    check_compiles("\n".join(sources), "sm_90", dtype=0, head_dim=64, minimal=True)
+
+
+@needs_nvcc
+def test_compile_backend_cuda_writes_kernels_and_loader(tmp_path):
+    pattern = (Diag(0, 24) + Rect(cols=(0, 4))) * Causal()
+    rep = compile_pattern(pattern, tmp_path / "k", backend="cuda", max_len=256, head_dim=64, dtype="float16")
+    assert sorted(os.listdir(tmp_path / "k")) == ["kernels.cu", "loader.py", "report.json", "report.md"]
+    assert rep["backend"] == "cuda" and rep["decode"] and rep["cache_size"] == 28
+    src = (tmp_path / "k" / "kernels.cu").read_text()
+    assert "sas_mask(int qi, int kj)" in src and "sas_attend(int slot, int pos" in src
+    # the loader imports without a GPU and knows the cache
+    spec = importlib.util.spec_from_file_location("sas_cuda_loader_test", tmp_path / "k" / "loader.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.CACHE_SIZE == 28 and mod.HAS_DECODE
+
+
+# --- the loader's torch parts ------------------------------------------------------------------------
+
+def _loader(pattern, n):
+    a = analyze(pattern, n)
+    cs = render_cuda(pattern, a)
+    src = render_loader(cs, pattern, n)
+    name = f"sas_cuda_loader_{cs.namespace}"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(src, name, "exec"), mod.__dict__)
+    return a, cs, mod
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1_KERNELS))
+def test_loader_cache_ids_tiles_and_fill(name):
+    pattern = TABLE1_KERNELS[name]
+    n = 200
+    a, cs, mod = _loader(pattern, n)
+    # tile lists: every attended cell lies in a listed tile, full tiles are fully attended
+    mask = torch.as_tensor(pattern.to_mask(n))
+    for bn in (64, 32):
+        fr, fc, pr, pc, order = mod.build_tiles(n, block_n=bn)
+        cover = torch.zeros_like(mask)
+        for blk in range(len(fr) - 1):
+            for t in range(int(fr[blk]), int(fr[blk + 1])):
+                tile = mask[blk * 64:(blk + 1) * 64, int(fc[t]) * bn:(int(fc[t]) + 1) * bn]
+                assert bool(tile.all())
+                cover[blk * 64:(blk + 1) * 64, int(fc[t]) * bn:(int(fc[t]) + 1) * bn] = True
+            for t in range(int(pr[blk]), int(pr[blk + 1])):
+                cover[blk * 64:(blk + 1) * 64, int(pc[t]) * bn:(int(pc[t]) + 1) * bn] = True
+        assert not bool((mask & ~cover).any())
+        assert sorted(order.tolist()) == list(range(len(fr) - 1))
+    if not cs.decode:   # mask_func is a table search at this length: no CUDA decode (see docs/cuda.md)
+        assert name == "openai_strided" and not mod.HAS_DECODE
+        return
+    assert mod.cache_ids(torch.arange(n)).tolist() == [a.cache_id_func(p) for p in range(n)]
+    # fill_cache leaves each slot holding the last key written to it
+    k = torch.randn(1, 2, n, 8)
+    kc, vc = torch.zeros(1, 2, a.cache_size, 8), torch.zeros(1, 2, a.cache_size, 8)
+    mod.fill_cache(k, k, kc, vc)
+    for s in range(a.cache_size):
+        keys = [p for p in range(n) if a.cache_id_func(p) == s]
+        if keys:
+            assert torch.equal(kc[0, :, s], k[0, :, keys[-1]])
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+
+STREAMING = (Diag(0, 24) + Rect(cols=(0, 4))) * Causal()
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"head_dim": 32}, KernelError, "head_dim 32 is not supported by the cuda backend; supported: 64, 128"),
+    ({"dtype": "float32"}, KernelError, "dtype 'float32' is not supported by the cuda backend"),
+])
+def test_compile_bad_input_leaves_nothing(tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        compile_pattern(STREAMING, tmp_path / "k", backend="cuda", max_len=128, **kwargs)
+    assert not (tmp_path / "k").exists()
+
+
+def test_compile_dynamic_pattern_is_refused(tmp_path):
+    h2o = Diag(0, 4) + Diag(4, None) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1))
+    with pytest.raises(NotYetSupportedError, match="static patterns only"):
+        compile_pattern(h2o, tmp_path / "k", backend="cuda", max_len=64)
+    assert not (tmp_path / "k").exists()
+
+
+def test_nvcc_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAS_NVCC", str(tmp_path / "no-such-nvcc"))
+    with pytest.raises(KernelError, match="SAS_NVCC=.*not an executable"):
+        compile_pattern(STREAMING, tmp_path / "k", backend="cuda", max_len=128)
+    assert not (tmp_path / "k").exists()
+    monkeypatch.delenv("SAS_NVCC")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)   # no /usr/local/cuda/bin/nvcc either
+    with pytest.raises(KernelError, match="nvcc .* was not found"):
+        compile_pattern(STREAMING, tmp_path / "k", backend="cuda", max_len=128)
+    assert not (tmp_path / "k").exists()
+
+
+def test_nvcc_failing_message_is_trimmed(tmp_path, monkeypatch):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\n" + "echo 'kernels.cu(12): note: something' >&2\n" * 200
+                    + "echo 'kernels.cu(40): error: identifier \"oops\" is undefined' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SAS_NVCC", str(fake))
+    with pytest.raises(KernelError) as info:
+        compile_pattern(STREAMING, tmp_path / "k", backend="cuda", max_len=128)
+    msg = str(info.value)
+    assert "nvcc failed compiling the generated CUDA for sm_90 (exit 2)" in msg
+    assert 'identifier "oops" is undefined' in msg and len(msg) < 2000
+    assert not (tmp_path / "k").exists()
+    assert trim_message("x\n" * 5000).count("x") <= 12
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_runtime_needs_a_gpu():
+    from sas.runtime import SASAttnKernel
+
+    with pytest.raises(KernelError, match="backend='cuda' needs a CUDA device"):
+        SASAttnKernel(STREAMING, max_len=64, backend="cuda")
+
+
+@needs_nvcc
+def test_runtime_decides_the_tile_width_once_per_length(monkeypatch):
+    """The prefill tile width comes from the plan's cached schedule: no tile counting per call
+    (a first H100 run recomputed it on every call and timed Python, not the kernel)."""
+    import sas.plan
+    from sas.plan import make_plan
+    from sas.runtime.cuda import CudaRuntime
+
+    calls = []
+    real = sas.plan.auto_prefill_options
+    monkeypatch.setattr(sas.plan, "auto_prefill_options", lambda *a, **k: calls.append(a) or real(*a, **k))
+    rt = CudaRuntime(make_plan(TABLE1_KERNELS["openai_fixed"], 512), arch="sm_90")
+    widths = {rt.tile_width(512, 512) for _ in range(5)}
+    tiles = [rt.tile_tensors(512, 512, torch.device("cpu")) for _ in range(3)]
+    assert len(widths) == 1 and len(calls) == 1 and tiles[0] is tiles[2]
