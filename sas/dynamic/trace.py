@@ -52,8 +52,6 @@ SOURCE_LABELS = (HEAD, QUERY, KEY)
 
 _ARITH = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 _REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
-_DESIGN_ONLY = {
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,10 +283,6 @@ class _Tracer:
             return self.partition(a, where), SOURCE_LABELS
         if n.name == "reuse":
             return self.reuse(a, where), (HEAD, KEY)
-        if n.name in _DESIGN_ONLY:
-            raise NotYetSupportedError(
-                f"score op {where}: {_DESIGN_ONLY[n.name]}; it is designed (docs/dynamic.md) but not "
-                f"executable yet")
         raise PatternError(f"score chain {self.root_chain!r}: {where} cannot start a chain; a chain starts "
                            f"with ops.attn_score(), ops.external(...) or a registered custom op")
 
@@ -423,10 +417,6 @@ class _Tracer:
             return node, labels
         if n.name == "sample":
             return self.sample(n, x, labels, where)
-        if n.name in _DESIGN_ONLY:
-            raise NotYetSupportedError(
-                f"score op {where}: {_DESIGN_ONLY[n.name]}; it is designed (docs/dynamic.md) but not "
-                f"executable yet")
         if n.name in ("attn_score", "custom", "external"):
             raise PatternError(f"score op {where}: a source can only start a chain")
         raise PatternError(f"score op {where}: unknown operator {n.name!r}")
@@ -484,7 +474,7 @@ def classify(node: fx.Node) -> str:
 
 def trace_score(chain: OpChain) -> ScoreGraph:
     """Trace `chain` into a `ScoreGraph`; `PatternError` if it does not end with one score per key,
-    `NotYetSupportedError` for designed-only operators (sample, partition, reuse)."""
+    `NotYetSupportedError` where a traced operator has no kernel yet."""
     if not isinstance(chain, OpChain) or not chain.nodes:
         raise PatternError(f"trace_score: expected an op chain from sas.ops (e.g. ops.attn_score().sum(dim=1)), "
                            f"got {chain!r}")
