@@ -641,6 +641,8 @@ cli.add_command(generate)
 cli.add_command(evaluate)
 from sas.cli.train_commands import train  # noqa: E402,I001  (`sas train`: Saap state, docs/cli.md)
 cli.add_command(train)
+from sas.cli.train_commands import calibrate  # noqa: E402,I001  (`sas calibrate`: Kascade state, docs/kascade.md)
+cli.add_command(calibrate)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
