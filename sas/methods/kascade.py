@@ -205,35 +205,33 @@ def pooled_tile_scores(q: torch.Tensor, k: torch.Tensor, scale: float, tile: int
 
 
 def select_prefill(pooled: torch.Tensor, tile: int, budget: Fraction) -> tuple[torch.Tensor, list[int]]:
-    """Per-tile sets from pooled tile scores [B, Hkv, n_tiles, N]: ([B, Hkv, n_tiles, kmax], counts)."""
+    """Per-tile sets from pooled tile scores [B, Hkv, n_tiles, N]: ([B, Hkv, n_tiles, kmax], counts)
+    (one stable descending sort with the keys at or after each tile's start masked out)."""
     b, hkv, nt, n = pooled.shape
     counts = tile_counts(n, tile, budget)
-    kmax = max(counts) if counts else 0
-    idx = torch.zeros(b, hkv, nt, max(kmax, 1), dtype=torch.int64)
-    for t, c in enumerate(counts):
-        if c:
-            idx[:, :, t, :c] = topk_sorted(pooled[:, :, t, : t * tile], c)
-    return idx, counts
+    kmax = max(max(counts), 1) if counts else 1
+    start = torch.arange(nt, device=pooled.device)[:, None] * tile
+    cand = pooled.masked_fill(torch.arange(n, device=pooled.device)[None, :] >= start, float("-inf"))
+    idx = topk_sorted(cand, kmax) if kmax <= n else torch.zeros(b, hkv, nt, kmax, dtype=torch.int64)
+    keep = torch.arange(kmax, device=pooled.device)[None, :] < torch.tensor(counts, device=pooled.device)[:, None]
+    return idx.masked_fill(~keep, 0), counts
 
 
 def prefill_mask(idx: torch.Tensor, counts: Sequence[int], n: int, tile: int,
                  head_map: Sequence[int]) -> torch.Tensor:
     """The keys each query attends, [B, Hkv, N, N] bool: tile t's first counts[t] entries of
     the (head-mapped) set, plus its own causal in-tile keys."""
-    b = idx.shape[0]
-    hm = torch.as_tensor(list(head_map))
-    src = idx[:, hm]
-    mask = torch.zeros(b, len(head_map), n, n, dtype=torch.bool)
-    for t, c in enumerate(counts):
-        r0, r1 = t * tile, min(n, t * tile + tile)
-        sel = torch.zeros(b, len(head_map), n, dtype=torch.bool)
-        if c:
-            sel.scatter_(2, src[:, :, t, :c], True)
-        mask[:, :, r0:r1] = sel[:, :, None, :]
-        i = torch.arange(r0, r1)[:, None]
-        j = torch.arange(n)[None, :]
-        mask[:, :, r0:r1] |= ((j >= r0) & (j <= i))[None, None]
-    return mask
+    b, _, nt, kmax = idx.shape
+    hm = torch.as_tensor(list(head_map), device=idx.device)
+    src = idx[:, hm]                                                     # [B, H, nt, kmax]
+    keep = torch.arange(kmax, device=idx.device)[None, :] < torch.as_tensor(list(counts), device=idx.device)[:, None]
+    sel = torch.zeros(b, len(head_map), nt, n + 1, dtype=torch.bool, device=idx.device)
+    sel.scatter_(3, torch.where(keep, src, torch.full_like(src, n)), True)   # dropped entries go to column n
+    rows = torch.arange(n, device=idx.device)
+    mask = sel[:, :, rows // tile, :n]                                   # [B, H, N, N]
+    j = rows[None, :]
+    i = rows[:, None]
+    return mask | ((j >= (i // tile) * tile) & (j <= i))[None, None]
 
 
 def decode_mask(idx: torch.Tensor, count: int, n: int, head_map: Sequence[int]) -> torch.Tensor:
