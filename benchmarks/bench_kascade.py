@@ -116,20 +116,13 @@ def sdpa_decode(q, k, v):
     return F.scaled_dot_product_attention(q.view(b, hkv, hq // hkv, d), k, v)
 
 
-def timing(dev, small: bool, mode: str, contexts: list[int], flex_contexts: set[int], frac: float,
-           min_keys: int, batch: int, bw: float) -> list[dict]:
+def timing(dev, small: bool, mode: str, contexts: list[int], frac: float, min_keys: int, batch: int, bw: float,
+           save=lambda: None) -> list[dict]:
     hq, hkv, d = (4, 2, 64) if small else (32, 8, 128)
     dtype = torch.float16
     rt = KascadeRuntime()
     lay = layers(frac, min_keys, hkv)
     rows = []
-    flex = None
-    if flex_contexts and dev.type == "cuda":
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            flex = torch.compile(flex_attention, dynamic=False)
-        except Exception as e:  # noqa: BLE001
-            print(f"FlexAttention unavailable: {type(e).__name__}: {e}")
     for n in contexts:
         row: dict = {"mode": mode, "n": n, "batch": batch, "frac": frac, "min_keys": min_keys,
                      "k": Fraction(frac, min_keys).keys(n)}
@@ -163,20 +156,7 @@ def timing(dev, small: bool, mode: str, contexts: list[int], flex_contexts: set[
                     row["sdpa_ms"] = bench_ms(lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True))
                     row["sdpa_variant"] = "expanded K/V"
                     del ke, ve
-            if flex is not None and n in flex_contexts:
-                try:
-                    if mode == "decode":
-                        flex(q, k, v, enable_gqa=True)
-                        row["flex_ms"] = bench_ms(lambda: flex(q, k, v, enable_gqa=True))
-                    else:
-                        bm = create_block_mask(lambda b_, h_, i, j: i >= j, None, None, n, n, device=dev)
-                        flex(q, k, v, block_mask=bm, enable_gqa=True)
-                        row["flex_ms"] = bench_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True))
-                except Exception as e:  # noqa: BLE001
-                    row["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["kascade_ms"]
-            if "flex_ms" in row:
-                row["speedup_vs_flex"] = row["flex_ms"] / row["kascade_ms"]
             print(f"{mode:7s} N={n:6d} B={batch}: a0 {row['T_a0_ms']:.3f}  a {row['T_a_ms']:.3f}  r {row['T_r_ms']:.3f}"
                   f"  composite {row['kascade_ms']:.3f} ms | SDPA {row['sdpa_ms']:.3f} ms"
                   f"{'  Flex %.3f ms' % row['flex_ms'] if 'flex_ms' in row else ''}"
@@ -188,7 +168,46 @@ def timing(dev, small: bool, mode: str, contexts: list[int], flex_contexts: set[
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
+        save(rows)
     return rows
+
+
+def flex_pass(dev, rows: list[dict], flex_contexts: set[int], save=lambda: None) -> None:
+    """FlexAttention (compiled, dynamic=False: one compile per shape) at the given contexts,
+    timed after everything else so that its compile time cannot crowd out the main rows."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001
+        print(f"FlexAttention unavailable: {type(e).__name__}: {e}")
+        return
+    for row in rows:
+        n = row["n"]
+        if n not in flex_contexts or "error" in row:
+            continue
+        hq, hkv, d = 32, 8, 128
+        lq = 1 if row["mode"] == "decode" else n
+        try:
+            q = torch.randn(row["batch"], hq, lq, d, device=dev, dtype=torch.float16)
+            k = torch.randn(row["batch"], hkv, n, d, device=dev, dtype=torch.float16)
+            v = torch.randn_like(k)
+            t = time.perf_counter()
+            if row["mode"] == "decode":
+                flex(q, k, v, enable_gqa=True)
+                row["flex_ms"] = bench_ms(lambda: flex(q, k, v, enable_gqa=True))
+            else:
+                bm = create_block_mask(lambda b_, h_, i, j: i >= j, None, None, n, n, device=dev)
+                flex(q, k, v, block_mask=bm, enable_gqa=True)
+                row["flex_ms"] = bench_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True))
+            row["speedup_vs_flex"] = row["flex_ms"] / row["kascade_ms"]
+            print(f"{row['mode']:7s} N={n:6d}: FlexAttention {row['flex_ms']:.3f} ms (compile + timing "
+                  f"{time.perf_counter() - t:.0f} s) -> Kascade {row['speedup_vs_flex']:.2f}x Flex", flush=True)
+            del q, k, v
+        except Exception as e:  # noqa: BLE001
+            row["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            print(f"{row['mode']} N={n}: FlexAttention failed: {row['flex_error']}", flush=True)
+        torch.cuda.empty_cache()
+        save(rows)
 
 
 def table(rows: list[dict]) -> str:
@@ -231,19 +250,29 @@ def main() -> None:
     bw = copy_bandwidth(dev) if dev.type == "cuda" else 1e11
     report["copy_bandwidth_GBs"] = bw / 1e9
     min_keys = 16 if small else args.min_keys
-    report["timing"] = (timing(dev, small, "decode", decode, flex, args.frac, min_keys,
-                               2 if small else args.decode_batch, bw)
-                        + timing(dev, small, "prefill", prefill, flex, args.frac, min_keys, 1, bw))
-    md = (f"Kascade kernels, {report['device']}, torch {report['torch']}, {report['date']}; top-k "
-          f"{args.frac:.0%} (min {min_keys}), fp16, 32 q / 8 KV heads, d=128 (small: 4/2/64); composite = "
-          f"(T_a0 + 4 T_a + 27 T_r)/32\n\n" + table(report["timing"]))
     out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "kascade.json").write_text(json.dumps(report, indent=1))
-        Path(out, "kascade.md").write_text(md)
+    done: list[dict] = []
+
+    def md() -> str:
+        return (f"Kascade kernels, {report['device']}, torch {report['torch']}, {report['date']}; top-k "
+                f"{args.frac:.0%} (min {min_keys}), fp16, 32 q / 8 KV heads, d=128 (small: 4/2/64); composite = "
+                f"(T_a0 + 4 T_a + 27 T_r)/32\n\n" + table(done))
+
+    def save(rows=None) -> None:
+        if out:
+            report["timing"] = done + [r for r in (rows or []) if r not in done]
+            Path(out).mkdir(parents=True, exist_ok=True)
+            Path(out, "kascade.json").write_text(json.dumps(report, indent=1))
+            Path(out, "kascade.md").write_text(md())
+
+    done += timing(dev, small, "decode", decode, args.frac, min_keys, 2 if small else args.decode_batch, bw, save)
+    done += timing(dev, small, "prefill", prefill, args.frac, min_keys, 1, bw, save)
+    if flex:
+        flex_pass(dev, done, flex, save)
+    report["timing"] = done
+    save()
     print()
-    print(md)
+    print(md())
 
 
 if __name__ == "__main__":

@@ -643,6 +643,8 @@ from sas.cli.train_commands import train  # noqa: E402,I001  (`sas train`: Saap 
 cli.add_command(train)
 from sas.cli.train_commands import align  # noqa: E402,I001  (`sas align`: SpecAttn layer alignment)
 cli.add_command(align)
+from sas.cli.train_commands import calibrate  # noqa: E402,I001  (`sas calibrate`: Kascade state, docs/kascade.md)
+cli.add_command(calibrate)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

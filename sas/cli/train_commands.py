@@ -151,4 +151,70 @@ def align(model_spec: str, draft_arg: str, text_arg: str, tokens: int, device: s
                f"(sum of -KL {al.score:.4f})")
 
 
-__all__ = ["align", "train"]
+@click.command(name="calibrate", short_help="Kascade: anchors (DP) and head maps from a model's attention.")
+@click.argument("pattern", metavar="PATTERN")
+@click.option("--model", "model_spec", default="default", show_default=True, metavar="SPEC",
+              help="'default' (SmolLM2-135M-Instruct), a folder with config.json or a .gguf file.")
+@click.option("--text", "text_arg", default="corpus", show_default=True, metavar="corpus|FILE",
+              help="Development text: the built-in corpus (sas.evaluation.text) or a UTF-8 text file.")
+@click.option("--tokens", type=int, default=1024, show_default=True, metavar="N", help="Tokens of the text to run.")
+@click.option("--window", type=int, default=512, show_default=True, metavar="W",
+              help="Tokens per forward pass (the similarity is averaged over the windows).")
+@click.option("--anchors", type=int, default=5, show_default=True, metavar="M",
+              help="Anchor layers, layer 0 included (the paper: 5 of 32).")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of the model.")
+@click.option("-o", "--output", required=True, metavar="FILE.safetensors", help="Where to write the state.")
+def calibrate(pattern: str, model_spec: str, text_arg: str, tokens: int, window: int, anchors: int, device: str,
+              output: str) -> None:
+    """Calibrate Kascade for PATTERN (the anchor layer: a Dynamic(..., publish=name) scored by
+    ops.attn_score().sum(dim=1)).
+
+    One pass of the model over --tokens tokens of --text (eager attention, windows of --window):
+    the cross-layer similarity of top-k sets, the layer weights, the paper's anchor DP (checked
+    against brute force when feasible) and the KV-head maps, saved with the pattern's hash.
+    """
+    from sas.cli.main import load
+
+    for v, what in ((tokens, "--tokens"), (window, "--window"), (anchors, "--anchors")):
+        _positive(v, what)
+    if window > tokens:
+        raise TrainCommandError(f"--window ({window}) must be at most --tokens ({tokens})")
+    out = Path(output)
+    if out.is_dir() or not out.parent.is_dir():
+        raise TrainCommandError(f"-o/--output must be a file in an existing folder, got {output!r}")
+    text_path = None if text_arg == "corpus" else Path(text_arg)
+    if text_path is not None and not text_path.is_file():
+        raise TrainCommandError(f"--text must be 'corpus' or a text file, got {text_arg!r} (not a file)")
+    p = load(pattern)
+    from sas.methods.kascade_dynamic import kascade_layer
+
+    layer = kascade_layer(p)
+    if layer.role == "reuse":
+        raise TrainCommandError("sas calibrate takes the anchor pattern (Dynamic(..., publish=name)), not a reuse "
+                                "pattern")
+    import torch
+
+    from sas.evaluation.text import corpus_tokens
+    from sas.methods.kascade_calibrate import calibrate as run_calibration
+    from sas.models import load_model, parse_device, resolve_model
+
+    parse_device(device)
+    source = resolve_model(model_spec)
+    model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)
+    n_layers = int(model.config.num_hidden_layers)
+    if anchors > n_layers:
+        raise TrainCommandError(f"--anchors must be at most the model's {n_layers} layers, got {anchors}")
+    if text_path is None:
+        ids = corpus_tokens(tokenizer, tokens)
+    else:
+        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
+        if len(ids) < tokens:
+            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    state = run_calibration(model, torch.tensor([ids], device=model.device), p, source.name, anchors=anchors,
+                            window=window, tile=layer.tile)
+    state.save(out)
+    click.echo(f"wrote {output}: Kascade state for {source.name}: anchors {list(state.anchors)} (DP objective "
+               f"{state.dp_value:.4f}, brute force {state.brute_force}), pattern hash {state.pattern_hash}")
+
+
+__all__ = ["align", "calibrate", "train"]

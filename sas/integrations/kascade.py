@@ -56,8 +56,10 @@ class StepStore:
 
 
 class _LayerBinding:
-    def __init__(self, layer: KascadeLayer, index: int, holder: StepStore, backend: str, runtime: KascadeRuntime):
+    def __init__(self, layer: KascadeLayer, index: int, holder: StepStore, backend: str, runtime: KascadeRuntime,
+                 dtype: torch.dtype):
         self.layer, self.index, self.holder, self.backend, self.runtime = layer, index, holder, backend, runtime
+        self.dtype = dtype
 
 
 def kascade_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
@@ -88,7 +90,7 @@ def kascade_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     use_torch = bind.backend == "torch" or (bind.backend == "auto" and query.device.type != "cuda")
     if use_torch:
         fn = reference_decode if decode else reference_prefill
-        out = fn(bind.layer, query, key, value, store, bind.index, scaling).to(query.dtype)
+        out = fn(bind.layer, query, key, value, store, bind.index, scaling, bind.dtype).to(query.dtype)
     else:
         fn = bind.runtime.decode if decode else bind.runtime.prefill
         out = fn(bind.layer, query, key, value, store, bind.index, scaling)
@@ -134,11 +136,12 @@ def layer_roles(num_layers: int, anchors: Sequence[int], head_map: Any, hkv: int
 
 def kascade_attention(model: Any, state: Any = None, *, anchors: Sequence[int] | None = None, head_map: Any = None,
                       frac: float = 0.1, min_keys: int = 128, tile: int = TILE, backend: str = "auto",
-                      name: str = "kascade") -> Any:
+                      name: str = "kascade", torch_dtype: torch.dtype = torch.float32) -> Any:
     """Run every attention layer of a transformers decoder as Kascade and return the same model.
 
     `state` (a `KascadeState` from `sas calibrate`) gives the anchors and head map; or pass
-    `anchors` (and `head_map`, default identity). All checks run before the model is changed."""
+    `anchors` (and `head_map`, default identity). `torch_dtype`: the compute precision of the
+    torch backend (float64 is the specification's). All checks run before the model is changed."""
     config, modules = _attention_modules(model)
     if backend not in BACKENDS:
         raise KascadeError(f"kascade_attention(backend=...) must be one of {BACKENDS}, got {backend!r}")
@@ -161,7 +164,7 @@ def kascade_attention(model: Any, state: Any = None, *, anchors: Sequence[int] |
     holder = StepStore()
     runtime = KascadeRuntime()
     for i, m in enumerate(modules):
-        setattr(m, LAYER_ATTR, _LayerBinding(roles[i], i, holder, backend, runtime))
+        setattr(m, LAYER_ATTR, _LayerBinding(roles[i], i, holder, backend, runtime, torch_dtype))
     old = getattr(model, HOOK_ATTR, None)
     if old is not None:
         old.remove()

@@ -171,29 +171,31 @@ def _expand(kv: torch.Tensor, g: int) -> torch.Tensor:
     return kv.repeat_interleave(g, dim=1)
 
 
-def causal_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Post-softmax causal probabilities [B, Hq, Lq, N] of the last Lq positions (float64)."""
+def causal_probs(q: torch.Tensor, k: torch.Tensor, scale: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Post-softmax causal probabilities [B, Hq, Lq, N] of the last Lq positions (in `dtype`)."""
     b, hq, lq, _ = q.shape
     n = k.shape[2]
-    s = torch.einsum("bhid,bhjd->bhij", q.double(), _expand(k, hq // k.shape[1]).double()) * scale
-    i = torch.arange(n - lq, n)[:, None]
-    j = torch.arange(n)[None, :]
+    s = torch.einsum("bhid,bhjd->bhij", q.to(dtype), _expand(k, hq // k.shape[1]).to(dtype)) * scale
+    i = torch.arange(n - lq, n, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None, :]
     s = s.masked_fill(j > i, float("-inf"))
     return torch.softmax(s, dim=-1)
 
 
-def pooled_decode_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+def pooled_decode_scores(q: torch.Tensor, k: torch.Tensor, scale: float,
+                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Decode: the probabilities of the query [B, Hq, 1, D] summed over each KV head's G query
-    heads: [B, Hkv, N] (float64)."""
-    p = causal_probs(q, k, scale)[:, :, 0]
+    heads: [B, Hkv, N] (float64 unless `dtype` says otherwise)."""
+    p = causal_probs(q, k, scale, dtype)[:, :, 0]
     b, hq, n = p.shape
     return p.view(b, k.shape[1], hq // k.shape[1], n).sum(2)
 
 
-def pooled_tile_scores(q: torch.Tensor, k: torch.Tensor, scale: float, tile: int) -> torch.Tensor:
+def pooled_tile_scores(q: torch.Tensor, k: torch.Tensor, scale: float, tile: int,
+                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Prefill: per query tile t, the probabilities of its rows and G heads summed, over every
-    key: [B, Hkv, n_tiles, N] (float64; only keys before the tile are candidates)."""
-    p = causal_probs(q, k, scale)
+    key: [B, Hkv, n_tiles, N] (float64 unless `dtype`; only keys before the tile are candidates)."""
+    p = causal_probs(q, k, scale, dtype)
     b, hq, n, _ = p.shape
     hkv = k.shape[1]
     nt = -(-n // tile)
@@ -203,35 +205,33 @@ def pooled_tile_scores(q: torch.Tensor, k: torch.Tensor, scale: float, tile: int
 
 
 def select_prefill(pooled: torch.Tensor, tile: int, budget: Fraction) -> tuple[torch.Tensor, list[int]]:
-    """Per-tile sets from pooled tile scores [B, Hkv, n_tiles, N]: ([B, Hkv, n_tiles, kmax], counts)."""
+    """Per-tile sets from pooled tile scores [B, Hkv, n_tiles, N]: ([B, Hkv, n_tiles, kmax], counts)
+    (one stable descending sort with the keys at or after each tile's start masked out)."""
     b, hkv, nt, n = pooled.shape
     counts = tile_counts(n, tile, budget)
-    kmax = max(counts) if counts else 0
-    idx = torch.zeros(b, hkv, nt, max(kmax, 1), dtype=torch.int64)
-    for t, c in enumerate(counts):
-        if c:
-            idx[:, :, t, :c] = topk_sorted(pooled[:, :, t, : t * tile], c)
-    return idx, counts
+    kmax = max(max(counts), 1) if counts else 1
+    start = torch.arange(nt, device=pooled.device)[:, None] * tile
+    cand = pooled.masked_fill(torch.arange(n, device=pooled.device)[None, :] >= start, float("-inf"))
+    idx = topk_sorted(cand, kmax) if kmax <= n else torch.zeros(b, hkv, nt, kmax, dtype=torch.int64)
+    keep = torch.arange(kmax, device=pooled.device)[None, :] < torch.tensor(counts, device=pooled.device)[:, None]
+    return idx.masked_fill(~keep, 0), counts
 
 
 def prefill_mask(idx: torch.Tensor, counts: Sequence[int], n: int, tile: int,
                  head_map: Sequence[int]) -> torch.Tensor:
     """The keys each query attends, [B, Hkv, N, N] bool: tile t's first counts[t] entries of
     the (head-mapped) set, plus its own causal in-tile keys."""
-    b = idx.shape[0]
-    hm = torch.as_tensor(list(head_map))
-    src = idx[:, hm]
-    mask = torch.zeros(b, len(head_map), n, n, dtype=torch.bool)
-    for t, c in enumerate(counts):
-        r0, r1 = t * tile, min(n, t * tile + tile)
-        sel = torch.zeros(b, len(head_map), n, dtype=torch.bool)
-        if c:
-            sel.scatter_(2, src[:, :, t, :c], True)
-        mask[:, :, r0:r1] = sel[:, :, None, :]
-        i = torch.arange(r0, r1)[:, None]
-        j = torch.arange(n)[None, :]
-        mask[:, :, r0:r1] |= ((j >= r0) & (j <= i))[None, None]
-    return mask
+    b, _, nt, kmax = idx.shape
+    hm = torch.as_tensor(list(head_map), device=idx.device)
+    src = idx[:, hm]                                                     # [B, H, nt, kmax]
+    keep = torch.arange(kmax, device=idx.device)[None, :] < torch.as_tensor(list(counts), device=idx.device)[:, None]
+    sel = torch.zeros(b, len(head_map), nt, n + 1, dtype=torch.bool, device=idx.device)
+    sel.scatter_(3, torch.where(keep, src, torch.full_like(src, n)), True)   # dropped entries go to column n
+    rows = torch.arange(n, device=idx.device)
+    mask = sel[:, :, rows // tile, :n]                                   # [B, H, N, N]
+    j = rows[None, :]
+    i = rows[:, None]
+    return mask | ((j >= (i // tile) * tile) & (j <= i))[None, None]
 
 
 def decode_mask(idx: torch.Tensor, count: int, n: int, head_map: Sequence[int]) -> torch.Tensor:
@@ -243,21 +243,23 @@ def decode_mask(idx: torch.Tensor, count: int, n: int, head_map: Sequence[int]) 
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Softmax attention renormalised over `mask` [B, Hkv, Lq, N] (shared by a KV head's query
-    heads), float64 output [B, Hq, Lq, D]."""
+    heads), output [B, Hq, Lq, D] in `dtype` (float64 by default)."""
     hq, hkv = q.shape[1], k.shape[1]
     g = hq // hkv
-    s = torch.einsum("bhid,bhjd->bhij", q.double(), _expand(k, g).double()) * scale
+    s = torch.einsum("bhid,bhjd->bhij", q.to(dtype), _expand(k, g).to(dtype)) * scale
     s = s.masked_fill(~_expand(mask, g), float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhij,bhjd->bhid", p, _expand(v, g).double())
+    return torch.einsum("bhij,bhjd->bhid", p, _expand(v, g).to(dtype))
 
 
 def reference_prefill(layer: KascadeLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      store: SelectionStore, layer_idx: int, scale: float | None = None) -> torch.Tensor:
-    """One layer's prefill (queries = keys = the whole prompt), float64 output [B, Hq, N, D];
-    anchors publish their selection into `store`."""
+                      store: SelectionStore, layer_idx: int, scale: float | None = None,
+                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """One layer's prefill (queries = keys = the whole prompt), output [B, Hq, N, D] computed in
+    `dtype` (float64: the specification; float32 for evaluations); anchors publish their
+    selection into `store`."""
     n, d, hkv = k.shape[2], k.shape[3], k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     t = layer.tile
@@ -265,36 +267,37 @@ def reference_prefill(layer: KascadeLayer, q: torch.Tensor, k: torch.Tensor, v: 
         sel = store.get(layer.name, layer=layer_idx, mode="prefill", length=n, batch=q.shape[0])
         hm = check_head_map(layer.head_map, hkv, sel.idx.shape[1], f"Kascade layer {layer_idx}")
         mask = prefill_mask(sel.idx.long().cpu(), sel.counts, n, sel.tile, hm).to(q.device)
-        return masked_attention(q, k, v, mask, scale)
-    pooled = pooled_tile_scores(q, k, scale, t)
+        return masked_attention(q, k, v, mask, scale, dtype)
+    pooled = pooled_tile_scores(q, k, scale, t, dtype)
     idx, counts = select_prefill(pooled.cpu(), t, layer.budget)
     store.publish(layer.name, Published(layer_idx, "prefill", n, idx.to(q.device), counts, t))
     if layer.role == "dense_anchor":
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()[None, None].expand(q.shape[0], hkv, n, n)
     else:
         mask = prefill_mask(idx, counts, n, t, tuple(range(hkv))).to(q.device)
-    return masked_attention(q, k, v, mask, scale)
+    return masked_attention(q, k, v, mask, scale, dtype)
 
 
 def reference_decode(layer: KascadeLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     store: SelectionStore, layer_idx: int, scale: float | None = None) -> torch.Tensor:
+                     store: SelectionStore, layer_idx: int, scale: float | None = None,
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """One layer's decode step: q [B, Hq, 1, D] at position N-1 over k, v [B, Hkv, N, D]
-    (the new key included); float64 output [B, Hq, 1, D]."""
+    (the new key included); output [B, Hq, 1, D] computed in `dtype`."""
     n, d, hkv = k.shape[2], k.shape[3], k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if layer.role == "reuse":
         sel = store.get(layer.name, layer=layer_idx, mode="decode", length=n, batch=q.shape[0])
         hm = check_head_map(layer.head_map, hkv, sel.idx.shape[1], f"Kascade layer {layer_idx}")
         mask = decode_mask(sel.idx.long(), sel.counts[0], n, hm)
-        return masked_attention(q, k, v, mask[:, :, None], scale)
+        return masked_attention(q, k, v, mask[:, :, None], scale, dtype)
     c = layer.budget.keys(n)
-    idx = topk_sorted(pooled_decode_scores(q, k, scale), c)
+    idx = topk_sorted(pooled_decode_scores(q, k, scale, dtype), c)
     store.publish(layer.name, Published(layer_idx, "decode", n, idx, [c], 1))
     if layer.role == "dense_anchor":
         mask = torch.ones(q.shape[0], hkv, 1, n, dtype=torch.bool, device=q.device)
     else:
         mask = decode_mask(idx, c, n, tuple(range(hkv)))[:, :, None]
-    return masked_attention(q, k, v, mask, scale)
+    return masked_attention(q, k, v, mask, scale, dtype)
 
 
 __all__ = ["KascadeError", "KascadeLayer", "Published", "SelectionStore", "TILE", "check_fraction",
