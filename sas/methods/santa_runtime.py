@@ -69,6 +69,8 @@ class SantaOptions:
         if self.method != "systematic" and self.strategy != "torch":
             raise KernelError(f"{where}: the prop and flash kernels draw systematically; method={self.method!r} "
                               f"runs with strategy='torch'")
+        if self.strategy != "torch" and self.n > 65535:
+            raise KernelError(f"{where}: the prop and flash kernels count up to 65535 draws per key; n={self.n}")
         if self.tile is not None and (isinstance(self.tile, bool) or not isinstance(self.tile, int)
                                       or self.tile < 16 or self.tile & (self.tile - 1)):
             raise KernelError(f"{where}: tile must be a power of two >= 16, got {self.tile!r}")
@@ -137,6 +139,8 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     interp = _interpreting() or dev.type != "cuda"
     precision = "ieee" if interp or q.dtype == torch.float32 else "tf32"
     upcast = interp
+    lowp = (not interp and k_cache.dtype in (torch.bfloat16, torch.float16)) or (
+        interp and k_cache.dtype == torch.float16)   # the interpreter has fp16 (numpy), not bf16
     qc = q_score.contiguous()
     kc, vc = k_cache.contiguous(), v_cache.contiguous()
     ncap = kc.shape[2]
@@ -158,7 +162,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         santa_flash_kernel[grid](qc, kc, vc, mk, u.contiguous(), o_part, m_part, l_part, counts, ncap, n_keys, g, d,
                                  t, qk_scale_log2, float(s_tile), BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
                                  HAS_MASK=has_mask, STORE_COUNTS=return_counts, UPCAST=upcast,
-                                 DOT_PRECISION=precision, num_warps=warps)
+                                 DOT_PRECISION=precision, LOWP=lowp, BIG=s_tile > 256, num_warps=warps)
         out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
         santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, BLOCK_T=min(_pow2(t), 64),
                                             BLOCK_D=block_d)
@@ -191,7 +195,7 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         out32.zero_()
     santa_prop_gather_kernel[grid](stash, inv, off, st, vc, out32, counts, ncap, n_keys, g, d, t, 1.0 / options.n,
                                    BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, STORE_COUNTS=return_counts,
-                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
+                                   LOWP=lowp, BIG=options.n > 256, num_warps=warps)
     out = out32.reshape(b, hq, d).to(q.dtype)
     return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
 

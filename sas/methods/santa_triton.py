@@ -52,15 +52,38 @@ def _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2,
 
 
 @triton.jit
-def _gather(c, V, bh, keys, NCAP, D, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
-    """sum_n c[g, n] V[n] for the rows some head drew: [BLOCK_G, BLOCK_D] fp32."""
+def _counts(x, a0, st, BLOCK_N: tl.constexpr):
+    """The count form with the tile's draws fixed to `st` (per row): counts capped at st, and a
+    draw lost to fp32 rounding at the tile's end goes to its last key with x > 0 (spec P5)."""
+    p_inc = tl.cumsum(x, axis=1)
+    f_inc = tl.minimum(tl.floor(a0[:, None] + p_inc), st[:, None])
+    f_exc = tl.minimum(tl.floor(a0[:, None] + (p_inc - x)), st[:, None])
+    c = f_inc - f_exc
+    cols = tl.arange(0, BLOCK_N)
+    last = tl.max(tl.where(x > 0, cols[None, :], -1), axis=1)
+    deficit = st - tl.max(f_inc, axis=1)
+    return c + tl.where(cols[None, :] == last[:, None], deficit[:, None], 0.0)
+
+
+@triton.jit
+def _gather(c, V, bh, keys, NCAP, D, BLOCK_D: tl.constexpr, LOWP: tl.constexpr, BIG: tl.constexpr):
+    """sum_n c[g, n] V[n] for the rows some head drew: [BLOCK_G, BLOCK_D] fp32. With a bf16/fp16
+    cache (LOWP) the counts enter the tensor-core dot in V's dtype, exact up to 256 (BIG: counts
+    up to 65535 as two dots, low and high byte)."""
     dims = tl.arange(0, BLOCK_D)
     drawn = tl.max(c, axis=0) > 0
     kv_base = bh.to(tl.int64) * NCAP * D
     v = tl.load(V + kv_base + keys[:, None] * D + dims[None, :], mask=drawn[:, None] & (dims[None, :] < D),
                 other=0.0)
-    return tl.dot(c, v.to(tl.float32), input_precision="ieee")
+    if LOWP:
+        if BIG:
+            hi = tl.floor(c / 256.0)
+            acc = tl.dot((c - hi * 256.0).to(v.dtype), v) + 256.0 * tl.dot(hi.to(v.dtype), v)
+        else:
+            acc = tl.dot(c.to(v.dtype), v)
+    else:
+        acc = tl.dot(c, v.to(tl.float32), input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -105,7 +128,10 @@ def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, OUT, T, D, n_samples,
     a0 = tl.load(U0 + h)
     lo = a0 + c_exc
     off = lo - tl.floor(lo)
-    draws = tl.floor(a0 + c_inc) - tl.floor(lo)
+    draws = tl.where(t_ok, tl.floor(a0 + c_inc) - tl.floor(lo), 0.0)
+    # fp32 prefix sums over many tiles can lose or gain a draw: the tile with most draws takes the fix
+    fix = n_samples - tl.sum(draws, axis=0)
+    draws += tl.where(ts == tl.argmax(draws, axis=0), fix, 0.0)
     tl.store(INV + h * T + ts, scale * (n_samples / z), mask=t_ok)
     tl.store(OFF + h * T + ts, off, mask=t_ok)
     tl.store(ST + h * T + ts, draws.to(tl.int32), mask=t_ok)
@@ -116,7 +142,7 @@ def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, OUT, T, D, n_samples,
 @triton.jit
 def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT, COUNTS, NCAP, N, G, D, T, inv_samples,
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                             STORE_COUNTS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                             STORE_COUNTS: tl.constexpr, LOWP: tl.constexpr, BIG: tl.constexpr):
     bh = tl.program_id(0)
     t = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
@@ -130,12 +156,11 @@ def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT, COUNTS, NCAP, N, G, D,
         inv = tl.load(INV + hrow * T + t, mask=row_ok, other=0.0)
         a0 = tl.load(OFF + hrow * T + t, mask=row_ok, other=0.0)
         x = inv[:, None] * u
-        p_inc = tl.cumsum(x, axis=1)
-        c = tl.floor(a0[:, None] + p_inc) - tl.floor(a0[:, None] + (p_inc - x))
+        c = _counts(x, a0, draws.to(tl.float32), BLOCK_N)
         if STORE_COUNTS:
             tl.store(COUNTS + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :], c.to(tl.int32),
                      mask=row_ok[:, None])
-        acc = _gather(c, V, bh, keys, NCAP, D, BLOCK_D, UPCAST, DOT_PRECISION)
+        acc = _gather(c, V, bh, keys, NCAP, D, BLOCK_D, LOWP, BIG)
         dims = tl.arange(0, BLOCK_D)
         tl.atomic_add(OUT + hrow[:, None] * D + dims[None, :], acc * inv_samples,
                       mask=row_ok[:, None] & (dims[None, :] < D))
@@ -146,7 +171,7 @@ def santa_flash_kernel(Q, K, V, MASK, U, O_PART, M_PART, L_PART, COUNTS, NCAP, N
                        s_tile,
                        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_MASK: tl.constexpr, STORE_COUNTS: tl.constexpr, UPCAST: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, LOWP: tl.constexpr, BIG: tl.constexpr):
     bh = tl.program_id(0)
     t = tl.program_id(1)
     s, keys, ok = _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2, BLOCK_G, BLOCK_N, BLOCK_D,
@@ -160,12 +185,11 @@ def santa_flash_kernel(Q, K, V, MASK, U, O_PART, M_PART, L_PART, COUNTS, NCAP, N
     hrow = bh * G + rows
     a0 = tl.load(U + hrow * T + t, mask=row_ok, other=0.0)
     x = u * (s_tile / tl.where(l > 0, l, 1.0))[:, None]
-    p_inc = tl.cumsum(x, axis=1)
-    c = tl.floor(a0[:, None] + p_inc) - tl.floor(a0[:, None] + (p_inc - x))
+    c = _counts(x, a0, tl.where(l > 0, s_tile, 0.0), BLOCK_N)
     if STORE_COUNTS:
         tl.store(COUNTS + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :], c.to(tl.int32),
                  mask=row_ok[:, None])
-    acc = _gather(c, V, bh, keys, NCAP, D, BLOCK_D, UPCAST, DOT_PRECISION) / s_tile
+    acc = _gather(c, V, bh, keys, NCAP, D, BLOCK_D, LOWP, BIG) / s_tile
     dims = tl.arange(0, BLOCK_D)
     tl.store(O_PART + ((hrow[:, None].to(tl.int64) * T + t) * D) + dims[None, :], acc,
              mask=row_ok[:, None] & (dims[None, :] < D))
