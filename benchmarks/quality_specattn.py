@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--gammas", default="1,4")
     ap.add_argument("--every", type=int, default=3)
     ap.add_argument("--drafts", default="own,subset,subset-position")
+    ap.add_argument("--sink", type=int, default=0, help="keys [0, sink) always attended (static part)")
     args = ap.parse_args()
     t0 = time.time()
     model, tok = load_model("default", dtype=torch.float32, device="cpu")
@@ -95,9 +96,10 @@ def main() -> None:
             for gamma in [int(x) for x in args.gammas.split(",")]:
                 t = time.time()
                 masks, stats = specattn_masks(maps, mapping, sparse, hq, hkv, p=p, prefill_len=prompt, gamma=gamma,
-                                              chunk=16)
+                                              chunk=16, sink=args.sink)
                 ppl = math.exp(nll(masked_logits(model, ids, masks), ids, prompt))
-                row = dict(draft=name, p=p, gamma=gamma, ppl=ppl, rel=ppl / dense - 1, **stats)
+                label = name + (f" + sink {args.sink}" if args.sink else "")
+                row = dict(draft=label, p=p, gamma=gamma, ppl=ppl, rel=ppl / dense - 1, **stats)
                 rows.append(row)
                 print(f"{name:18s} p={p:.2f} gamma={gamma}: ppl {ppl:.4f} ({row['rel']:+.2%}), KV loads skipped "
                       f"{stats['loads_skipped']:.1%}, keys not attended {stats['keys_skipped']:.1%} "

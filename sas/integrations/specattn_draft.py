@@ -123,10 +123,11 @@ def run_with_draft(target: Any, draft: Any, mapping: Sequence[int], ids: torch.T
 
 def specattn_masks(draft_maps: Sequence[torch.Tensor], mapping: Sequence[int], layers: Sequence[int], num_heads: int,
                    num_kv_heads: int, *, p: float, prefill_len: int, gamma: int, chunk: int = 16,
-                   pooled: bool = False, window: int = 0, iters: int | None = None
+                   pooled: bool = False, window: int = 0, sink: int = 0, iters: int | None = None
                    ) -> tuple[dict[int, torch.Tensor], dict[str, float]]:
     """Per sparse target layer the [B, Hkv, N, N] mask of the step-by-step run (prompt dense,
-    then blocks of `gamma`) and the load statistics: `loads_skipped` (the fraction of the KV rows
+    then blocks of `gamma`; the static part: keys [0, sink) and the window (i - window, i])
+    and the load statistics: `loads_skipped` (the fraction of the KV rows
     dense decoding reads that the visited 16-key chunks skip, over the decode steps and the sparse
     layers) and `keys_skipped` (the same for the attended keys themselves)."""
     full = map_scores(draft_maps, mapping, layers, num_heads)
@@ -139,10 +140,10 @@ def specattn_masks(draft_maps: Sequence[torch.Tensor], mapping: Sequence[int], l
             sel = select_reference(step_rows(a[:, :, i0:i1, :i1], num_kv_heads, pooled), p=p, chunk=chunk,
                                    iters=iters)
             keys = expand_chunks(sel.mask, chunk, i1)
-            att = attend_mask(keys, i0, i1, 0, window)
+            att = attend_mask(keys, i0, i1, sink, window)
             m[:, i0:i1, :i1] = att
             m[:, i0:i1, i1:] = False
-            _, ld = visit_chunks(keys, i0, i1, 0, window, -(-i1 // 16))
+            _, ld = visit_chunks(keys, i0, i1, sink, window, -(-i1 // 16))
             loaded += int(ld.sum())
             attended += int(att.any(1).sum())
             dense += i1 * keys.shape[0]
