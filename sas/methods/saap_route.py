@@ -111,7 +111,7 @@ def saap_route_kernel(Q, KIDX, KNEW, VNEW, K, V, BUCKET_OF,
         last = tl.max(work, axis=0)
         for j in range(0, P):
             last = tl.max(work, axis=0)
-            tl.store(PROBED + bh * P + j, (C - 1 - (last & 0xFFFFFFFF)).to(tl.int32))
+            tl.store(PROBED + bh * P + j, (C - 1 - (last - ((last >> 32) << 32))).to(tl.int32))
             work = tl.where(work == last, -1, work)
         tl.store(PROBED_MASK + bh * C + ca, (key >= last).to(tl.int8), mask=ca_ok)
         dd = tl.load(DIST + bh * C + ca, mask=ca_ok, other=float("inf"), cache_modifier=".cg")
