@@ -319,21 +319,27 @@ def main() -> None:
                 ([1024, 2048] if small else [65536, 131072, 262144]))
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter)",
               "torch": torch.__version__, "small": small}
-    if not args.no_check:
-        report["check"] = check(dev, small)
+    out = os.environ.get("OUT")
+
+    def save() -> None:   # after each part, so a run cut short keeps what it measured
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "saap.json").write_text(json.dumps(report, indent=1))
+
     flex_contexts = {int(x) for x in args.flex_contexts.split(",") if x}
     variant_contexts = {int(x) for x in args.variant_contexts.split(",") if x}
     report["timing"] = timing(dev, small, contexts, flex_contexts, 20 if small else 200, args.split, variant_contexts)
+    save()
+    if not args.no_check:
+        report["check"] = check(dev, small)
+        save()
     if not args.no_model:
         try:
             report["recall"] = recall(dev, small, [int(x) for x in args.layers.split(",")], args.topk)
         except Exception as e:  # noqa: BLE001 - the model may be absent: report why
             report["recall_error"] = f"{type(e).__name__}: {e}"
             print(f"recall skipped: {report['recall_error']}")
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "saap.json").write_text(json.dumps(report, indent=1))
+    save()
     print("\ncontext | probes | selectivity | torch-route step ms (eager) | fused step ms (eager) | fused route ms | "
           "kernel ms | SDPA ms (MHA form / enable_gqa) | Flex ms | dense HBM floor ms | torch-route x | fused x | "
           "kernel x")
