@@ -11,7 +11,10 @@
    64K / 128K / 256K context: one Saap decode step (classifier, probing, the kernel, the
    merge; eager, host work included) and the kernel alone, with balanced buckets (C = 1024)
    and probes chosen for ~5% selectivity, against dense SDPA decode and FlexAttention decode
-   (no mask) over the same cache, in the same run.
+   (no mask) over the same cache, in the same run. Each step twice: the torch route (the
+   reference: a dozen small launches before the kernel) and the fused route (one Triton launch,
+   `SaapDecoder(route="fused")`: 3 launches a step), CUDA-graph replay and eager; the fused
+   route alone; at 128K fused-route variants (buckets per route program).
 
     python benchmarks/bench_saap.py                 # GPU; JSON to $OUT/saap.json when OUT is set
     python benchmarks/bench_saap.py --small         # CPU (TRITON_INTERPRET=1): tiny sizes
@@ -37,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from sas.methods.saap import (SaapLayer, assign, classifier_probs, fit_layer, group_scores, probe,  # noqa: E402
                               saap_attention_reference)
+from sas.methods import saap_runtime  # noqa: E402
 from sas.methods.saap_runtime import SaapDecoder  # noqa: E402
 
 
@@ -68,6 +72,8 @@ def random_layer(hkv, c, d, hidden=64, seed=0, device="cpu") -> SaapLayer:
 # --- 1. check ----------------------------------------------------------------------------------------
 
 def check(dev, small: bool) -> list[dict]:
+    """Both routes against the float64 reference. A torch-route mismatch stops the run; a
+    fused-route failure is reported (and its timings are then not to be trusted)."""
     rows = []
     n, prefill = (40, 32) if small else (640, 600)
     for dtype in (torch.float32, torch.bfloat16):
@@ -77,20 +83,24 @@ def check(dev, small: bool) -> list[dict]:
         layer = random_layer(hkv, c, d, seed=1)
         window = 8 if small else 128
         ref = saap_attention_reference(q, k, v, layer, 4, sink=1, window=window, prefill_len=prefill)
-        dec = SaapDecoder(layer.to(dev), 4, sink=1, window=window, max_len=n, rebuild_every=3)
-        dec.prefill(q[:, :, :prefill].to(dev), k[:, :, :prefill].to(dev), v[:, :, :prefill].to(dev))
-        err, looked_ok = 0.0, True
-        for i in range(prefill, n):
-            o = dec.decode(q[:, :, i:i + 1].to(dev), k[:, :, i:i + 1].to(dev), v[:, :, i:i + 1].to(dev))
-            err = max(err, float((o.double().cpu() - ref.out[:, :, i:i + 1]).abs().max()))
-            looked_ok &= bool(torch.equal(dec.last_looked_up.cpu(), ref.looked_up[i]))
-        tol = 1e-3 if dtype == torch.float32 else 3e-2
-        row = {"dtype": str(dtype).replace("torch.", ""), "steps": n - prefill, "max_abs_err": err,
-               "looked_up_exact": looked_ok, "ok": err < tol and looked_ok}
-        print(f"check {row}")
-        if not row["ok"]:
-            raise SystemExit(f"Saap kernel disagrees with the reference: {row}")
-        rows.append(row)
+        for route in ("torch", "fused"):
+            row = {"dtype": str(dtype).replace("torch.", ""), "route": route, "steps": n - prefill}
+            try:
+                dec = SaapDecoder(layer.to(dev), 4, sink=1, window=window, max_len=n, rebuild_every=3, route=route)
+                dec.prefill(q[:, :, :prefill].to(dev), k[:, :, :prefill].to(dev), v[:, :, :prefill].to(dev))
+                err, looked_ok = 0.0, True
+                for i in range(prefill, n):
+                    o = dec.decode(q[:, :, i:i + 1].to(dev), k[:, :, i:i + 1].to(dev), v[:, :, i:i + 1].to(dev))
+                    err = max(err, float((o.double().cpu() - ref.out[:, :, i:i + 1]).abs().max()))
+                    looked_ok &= bool(torch.equal(dec.last_looked_up.cpu(), ref.looked_up[i]))
+                tol = 1e-3 if dtype == torch.float32 else 3e-2
+                row.update({"max_abs_err": err, "looked_up_exact": looked_ok, "ok": err < tol and looked_ok})
+            except Exception as e:  # noqa: BLE001 - the fused route is reported, the torch route stops the run
+                row.update({"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"check {row}")
+            if not row["ok"] and route == "torch":
+                raise SystemExit(f"Saap kernel disagrees with the reference: {row}")
+            rows.append(row)
     return rows
 
 
@@ -156,7 +166,8 @@ def copy_bandwidth(dev) -> float:
     return 2 * a.numel() / (ms * 1e-3)
 
 
-def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps: int, split: int) -> list[dict]:
+def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps: int, split: int,
+           variant_contexts: set[int] = frozenset()) -> list[dict]:
     hq, hkv, d, c = (8, 2, 64, 32) if small else (32, 8, 128, 1024)
     dtype = torch.bfloat16
     window = 64 if small else 2047
@@ -180,17 +191,40 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         perm = torch.stack([torch.randperm(n, generator=g) for _ in range(hkv)])[None]
         buckets = (perm % c).to(dev)
         layer = random_layer(hkv, c, d, hidden=256, seed=1, device=dev)
-        dec = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split)
+        dec = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split,
+                          route="torch")
         dec.fill(k, v, buckets, n - 1)
+        decf = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split,
+                           route="fused")
+        decf.fill(k, v, buckets, n - 1)
+        knew, vnew = k[:, :, n - 1:n].clone(), v[:, :, n - 1:n].clone()   # a new token's k, v (contiguous)
 
         def saap_step():
             dec.length = n - 1
-            return dec.decode(q, k[:, :, n - 1:n], v[:, :, n - 1:n])
+            return dec.decode(q, knew, vnew)
+
+        def fused_step():
+            decf.length = n - 1
+            return decf.decode(q, knew, vnew)
 
         o = saap_step()
         looked = float(dec.last_looked_up.float().mean())
         probed = probe(group_scores(q, layer.classifier, hkv), probes)
         mask = dec.probed_mask(probed)
+        fused_error = None
+        try:
+            of = fused_step()
+            probed_f = decf._last_step[1].long().clone()
+            fused_same = {"probed_equal": bool(torch.equal(probed_f, probed)),
+                          "probed_set_equal": bool(torch.equal(probed_f.sort(-1).values, probed.sort(-1).values)),
+                          "new_key_bucket_equal": bool(torch.equal(decf.bucket_of[..., n - 1], dec.bucket_of[..., n - 1])),
+                          "max_abs_diff_vs_torch_route": float((of.float() - o.float()).abs().max()),
+                          "looked_up_equal": bool(torch.equal(decf.last_looked_up, dec.last_looked_up))}
+            print(f"fused route at {n}: {fused_same}")
+        except Exception as e:  # noqa: BLE001 - report and time the rest
+            fused_error = f"{type(e).__name__}: {str(e)[:300]}"
+            fused_same = {}
+            print(f"fused route failed at {n}: {fused_error}")
         kernel_only = lambda: dec.attend(q, probed, mask, n - 1)  # noqa: E731
         # the same selection, dense over the allowed keys, as a check at full size
         allowed = torch.zeros(1, hkv, n, dtype=torch.bool, device=dev)
@@ -214,6 +248,11 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
                          "*_eager_ms: eager calls (Saap: with its host work); Flex: eager call of the compiled function"}
         # eager timings first: a failed graph capture must not spoil them
         row["saap_step_eager_ms"] = bench_ms(saap_step, reps)
+        row["fused"] = fused_same
+        if fused_error:
+            row["fused_error"] = fused_error
+        else:
+            row["fused_step_eager_ms"] = bench_ms(fused_step, reps)
         row["sdpa_dense_eager_ms"] = bench_ms(sdpa, reps)
         if flex_fn is not None and n in flex_contexts:
             try:
@@ -223,17 +262,39 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
                 row["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         row["saap_step_ms"] = bench_ms(saap_step, reps, graph=True)
         row["saap_kernel_ms"] = bench_ms(kernel_only, reps, graph=True)
+        if not fused_error:
+            try:
+                row["fused_step_ms"] = bench_ms(fused_step, reps, graph=True)
+                row["fused_route_ms"] = bench_ms(lambda: decf.route_step(q, knew, knew, vnew, n - 1), reps,
+                                                 graph=True)
+                if n in variant_contexts:
+                    base = saap_runtime.ROUTE_BLOCK_C
+                    row["fused_step_ms_by_route_block_c"] = {}
+                    for bc in (32, 64, 128, 256):
+                        saap_runtime.ROUTE_BLOCK_C = bc
+                        try:
+                            fused_step()
+                            row["fused_step_ms_by_route_block_c"][bc] = bench_ms(fused_step, reps, graph=True)
+                        except Exception as e:  # noqa: BLE001
+                            row["fused_step_ms_by_route_block_c"][bc] = f"{type(e).__name__}: {str(e)[:160]}"
+                    saap_runtime.ROUTE_BLOCK_C = base
+            except Exception as e:  # noqa: BLE001
+                row["fused_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"fused timing failed at {n}: {row['fused_error']}")
         row["sdpa_dense_ms"] = bench_ms(sdpa, reps, graph=True)
         row["sdpa_enable_gqa_ms"] = bench_ms(sdpa_gqa, reps, graph=True)
         best = min(row["sdpa_dense_ms"], row["sdpa_enable_gqa_ms"])     # the faster SDPA form is the baseline
         row["sdpa_best_ms"] = best
         row["speedup_step_vs_sdpa"] = best / row["saap_step_ms"]
         row["speedup_kernel_vs_sdpa"] = best / row["saap_kernel_ms"]
+        if "fused_step_ms" in row:
+            row["speedup_fused_step_vs_sdpa"] = best / row["fused_step_ms"]
+            row["fused_max_abs_err_vs_masked_sdpa"] = float((of.float() - ref).abs().max())
         if bandwidth:
             row["dense_hbm_floor_ms"] = row["kv_bytes_dense"] / bandwidth * 1e3
         print(f"timing {row}")
         out.append(row)
-        del k, v, dec
+        del k, v, dec, decf
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -248,6 +309,8 @@ def main() -> None:
     ap.add_argument("--contexts", default=None, help="comma list of context lengths (default 64K,128K,256K)")
     ap.add_argument("--layers", default="4,12,20", help="SmolLM2 layers for the recall part")
     ap.add_argument("--topk", type=int, default=32)
+    ap.add_argument("--variant-contexts", default="131072", help="contexts where fused-route variants are timed")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness check against the reference")
     ap.add_argument("--split", type=int, default=1, help="pieces per probed bucket (kernel programs)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -256,27 +319,38 @@ def main() -> None:
                 ([1024, 2048] if small else [65536, 131072, 262144]))
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter)",
               "torch": torch.__version__, "small": small}
-    report["check"] = check(dev, small)
+    out = os.environ.get("OUT")
+
+    def save() -> None:   # after each part, so a run cut short keeps what it measured
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "saap.json").write_text(json.dumps(report, indent=1))
+
     flex_contexts = {int(x) for x in args.flex_contexts.split(",") if x}
-    report["timing"] = timing(dev, small, contexts, flex_contexts, 20 if small else 200, args.split)
+    variant_contexts = {int(x) for x in args.variant_contexts.split(",") if x}
+    report["timing"] = timing(dev, small, contexts, flex_contexts, 20 if small else 200, args.split, variant_contexts)
+    save()
+    if not args.no_check:
+        report["check"] = check(dev, small)
+        save()
     if not args.no_model:
         try:
             report["recall"] = recall(dev, small, [int(x) for x in args.layers.split(",")], args.topk)
         except Exception as e:  # noqa: BLE001 - the model may be absent: report why
             report["recall_error"] = f"{type(e).__name__}: {e}"
             print(f"recall skipped: {report['recall_error']}")
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "saap.json").write_text(json.dumps(report, indent=1))
-    print("\ncontext | probes | selectivity | saap step ms (eager) | saap kernel ms | SDPA ms (MHA form / enable_gqa) | "
-          "Flex ms | dense HBM floor ms | step x | kernel x")
+    save()
+    print("\ncontext | probes | selectivity | torch-route step ms (eager) | fused step ms (eager) | fused route ms | "
+          "kernel ms | SDPA ms (MHA form / enable_gqa) | Flex ms | dense HBM floor ms | torch-route x | fused x | "
+          "kernel x")
     for r in report["timing"]:
         print(f"{r['context']} | {r['probes']} | {r['selectivity']:.3f} | {r['saap_step_ms']:.4f} "
-              f"({r['saap_step_eager_ms']:.4f}) | "
+              f"({r['saap_step_eager_ms']:.4f}) | {r.get('fused_step_ms', math.nan):.4f} "
+              f"({r.get('fused_step_eager_ms', math.nan):.4f}) | {r.get('fused_route_ms', math.nan):.4f} | "
               f"{r['saap_kernel_ms']:.4f} | {r['sdpa_dense_ms']:.4f} / {r['sdpa_enable_gqa_ms']:.4f} | "
               f"{r.get('flex_dense_ms', math.nan):.4f} | {r.get('dense_hbm_floor_ms', math.nan):.4f} | "
-              f"{r['speedup_step_vs_sdpa']:.2f} | {r['speedup_kernel_vs_sdpa']:.2f}")
+              f"{r['speedup_step_vs_sdpa']:.2f} | {r.get('speedup_fused_step_vs_sdpa', math.nan):.2f} | "
+              f"{r['speedup_kernel_vs_sdpa']:.2f}")
     for r in report.get("recall", []):
         print(f"recall L{r['layer']} probes {r['probes']}: saap {r['saap']['fraction_looked_up']:.3f} -> "
               f"{r['saap']['recall_topk']:.3f} | k-means {r['kmeans']['fraction_looked_up']:.3f} -> "

@@ -9,6 +9,19 @@ scanned by a filtered range program of the same launch (kept when their bucket i
 every step is exact. Per step: classifier -> group scores (sum over the GQA group) -> top-ℓ
 buckets -> one kernel launch (`sas.methods.saap_triton`) -> log-sum-exp merge.
 `last_looked_up` is the number of keys attended per (batch, KV head) at the last step.
+
+Two routes select the buckets and write the new key (flag `route`):
+
+- "torch": the reference path, a dozen small torch ops (`assign`, `group_scores`, `probe`,
+  cache writes, mask scatter); runs wherever torch runs;
+- "fused": one Triton launch (`sas.methods.saap_route.saap_route_kernel`) does the classifier,
+  the group sum, the top-l selection (same buckets, same tie order), the probed ids and mask,
+  the new key's bucket and the cache writes; with the decode kernel and the merge a step is
+  3 launches into buffers allocated once per cache (only the output is allocated per step).
+  The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
+  scores agree to float rounding; the probed sets are the same unless two buckets' group
+  scores are within that rounding (~1e-6 relative) of each other at the l-th place.
+- "auto" (default): "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
 """
 
 from __future__ import annotations
@@ -20,10 +33,14 @@ import torch
 
 from sas.errors import KernelError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
+from sas.methods.saap_route import saap_route_kernel
 from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
 
 LOG2E = 1.4426950408889634
 DENSE_CHUNK = 256
+ROUTES = ("auto", "fused", "torch")
+ROUTE_BLOCK_C = 64       # buckets per route program
+ROUTE_BLOCK_H = 16       # classifier hidden units per inner step
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -47,7 +64,10 @@ class SaapDecoder:
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
                  rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
-                 scale: float | None = None):
+                 scale: float | None = None, route: str = "auto"):
+        if route not in ROUTES:
+            raise KernelError(f"SaapDecoder: route must be one of {ROUTES}, got {route!r}")
+        self.route = route
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
@@ -66,6 +86,8 @@ class SaapDecoder:
         self.indexed_hi = self.sink
         self._last_step: tuple | None = None
         self.steps = 0
+        self._route_bufs: dict[str, torch.Tensor] | None = None
+        self._parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     # region of query i: keys [sink, i - window + 1)
     def _region_hi(self, i: int) -> int:
@@ -101,6 +123,7 @@ class SaapDecoder:
         self.bucket_of[:, :, :n] = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
         self.length = n
         self._rebuild()
+        self._route_bufs = self._parts = None
         return out
 
     def fill(self, k: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, length: int) -> None:
@@ -115,6 +138,7 @@ class SaapDecoder:
         self.k, self.v, self.bucket_of = k, v, buckets.to(torch.int32)
         self.length = length
         self._rebuild()
+        self._route_bufs = self._parts = None
 
     def _rebuild(self) -> None:
         hi = self._region_hi(self.length)          # the region of the next query
@@ -138,6 +162,16 @@ class SaapDecoder:
             raise KernelError(f"{where}: position {i} is past max_len={self.max_len}")
         hkv = k.shape[1]
         layer = self.layer
+        if self.fused:
+            probed, mask = self.route_step(q if q_index is None else q_index, k if k_index is None else k_index,
+                                           k, v, i)
+            self.length = i + 1
+            out = self.attend(q, probed, mask, i)
+            self._last_step = (i, probed, mask, self.indexed_hi, self.off)
+            self.steps += 1
+            if self._region_hi(self.length) - self.indexed_hi >= self.rebuild_every:
+                self._rebuild()
+            return out
         bucket_new = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
         probed = probe(group_scores(q if q_index is None else q_index, layer.classifier, hkv), self.probes)
         # nothing above wrote state: the cache changes from here on
@@ -152,6 +186,64 @@ class SaapDecoder:
         if self._region_hi(self.length) - self.indexed_hi >= self.rebuild_every:
             self._rebuild()
         return out
+
+    @property
+    def fused(self) -> bool:
+        """Whether decode steps take the fused route kernel."""
+        if self.route == "auto":
+            return self.k is not None and self.k.is_cuda
+        return self.route == "fused"
+
+    def _route_buffers(self, g: int) -> dict[str, torch.Tensor]:
+        """Scratch and outputs of the route kernel, allocated once per cache (and group size)."""
+        bufs = self._route_bufs
+        if bufs is not None and bufs["g"] == g:
+            return bufs
+        b, hkv = self.k.shape[:2]
+        c, dev = self.layer.clusters, self.k.device
+        cent = self.layer.centroids.float()
+        bufs = {"g": g,
+                "cent": cent.contiguous(),
+                "cnorm": (cent[None] * cent[None]).sum(-1)[0].contiguous(),   # as `assign` computes |c|^2
+                "w1": self.layer.w1.float().contiguous(), "b1": self.layer.b1.float().contiguous(),
+                "w2": self.layer.w2.float().contiguous(), "b2": self.layer.b2.float().contiguous(),
+                "logits": torch.empty(b * hkv, _pow2(g), c, dtype=torch.float32, device=dev),
+                "dist": torch.empty(b * hkv, c, dtype=torch.float32, device=dev),
+                "counter": torch.zeros(b * hkv, dtype=torch.int32, device=dev),
+                "probed": torch.empty(b, hkv, self.probes, dtype=torch.int32, device=dev),
+                "mask": torch.empty(b, hkv, c, dtype=torch.int8, device=dev)}
+        self._route_bufs = bufs
+        return bufs
+
+    def route_step(self, q_index: torch.Tensor, k_index: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused route launch for the token at position i: writes k, v and the bucket of
+        k_index into the cache at i and returns (probed int32 [B, Hkv, P], mask int8 [B, Hkv, C])
+        (views of buffers that the next step overwrites)."""
+        b, hkv, _, d = self.k.shape
+        g = q_index.shape[1] // hkv
+        c, hidden = self.layer.clusters, self.layer.w1.shape[-1]
+        bufs = self._route_buffers(g)
+        tiles = -(-c // ROUTE_BLOCK_C)
+        bd = _pow2(d)
+        saap_route_kernel[(b * hkv, tiles)](
+            q_index.contiguous(), k_index.contiguous(), k.contiguous(), v.contiguous(), self.k, self.v,
+            self.bucket_of, bufs["cent"], bufs["cnorm"], bufs["w1"], bufs["b1"], bufs["w2"], bufs["b2"],
+            bufs["logits"], bufs["dist"], bufs["counter"], bufs["probed"], bufs["mask"],
+            i, self.max_len, hkv, g, d, hidden, c, self.probes, tiles,
+            BLOCK_G=_pow2(g), BLOCK_D=bd, BLOCK_H=min(ROUTE_BLOCK_H, _pow2(hidden)), BLOCK_C=ROUTE_BLOCK_C,
+            BLOCK_CA=_pow2(c), BLOCK_DC=min(32, bd), LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1")
+        return bufs["probed"], bufs["mask"]
+
+    def _partials(self, bhkv: int, s: int, bg: int, bd: int, dev) -> tuple[torch.Tensor, ...]:
+        """The decode kernel's partial buffers, reused across steps (grown when a step needs more)."""
+        parts = self._parts
+        if parts is None or parts[0].shape[1] < s or parts[0].shape[0] != bhkv or parts[0].shape[2:] != (bg, bd):
+            cap = max(s, 0 if parts is None else parts[0].shape[1])
+            o = torch.empty(bhkv, cap, bg, bd, dtype=torch.float32, device=dev)
+            m = torch.empty(bhkv, cap, bg, dtype=torch.float32, device=dev)
+            parts = self._parts = (o, m, torch.empty_like(m))
+        return parts
 
     def probed_mask(self, probed: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, C] int8: 1 for the probed buckets."""
@@ -179,20 +271,19 @@ class SaapDecoder:
         nr, p = sum(args[5:]), probed.shape[-1]
         bg, bd = _pow2(g, 16), _pow2(d, 16)
         s = nr + p * self.split
-        o_part = torch.empty(b * hkv, s, bg, bd, dtype=torch.float32, device=q.device)
-        m_part = torch.empty(b * hkv, s, bg, dtype=torch.float32, device=q.device)
-        l_part = torch.empty_like(m_part)
+        o_part, m_part, l_part = self._partials(b * hkv, s, bg, bd, q.device)
+        cap = o_part.shape[1]
         scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
         qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
         saap_decode_kernel[(b * hkv, s)](
             qc, self.k, self.v, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
             o_part, m_part, l_part, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
-            *args, self.chunk, self.split,
+            *args, self.chunk, self.split, cap,
             BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
         out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
-        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, g, d, BLOCK_G=bg, BLOCK_D=bd)
+        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
         return out
 
     @property
@@ -203,7 +294,7 @@ class SaapDecoder:
             return None
         i, probed, mask, lo, off = self._last_step
         dense = min(self.sink, i + 1) + (i + 1 - max(self.sink, i - self.window + 1))
-        off = off.long()
+        off, probed = off.long(), probed.long()
         sizes = (off.gather(2, probed + 1) - off.gather(2, probed)).sum(-1)
         hi = self._region_hi(i)
         pend = mask.long().gather(2, self.bucket_of[..., lo:hi].long()).sum(-1) if hi > lo else 0

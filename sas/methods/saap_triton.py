@@ -7,7 +7,8 @@ filtered, pieces of [P_LO, P_HI): the keys that left the window since the CSR in
 rebuilt, kept only when their bucket is probed; all scalars, so a step is graph-capturable); the last P programs each run one probed bucket through the CSR index
 (`idx[off[c]:off[c+1]]`, gathered rows: K and V are not reordered). The G query heads of a KV
 head are the rows of one program. Each program writes its unnormalised output and log2-domain
-row statistics (m, l); `saap_merge_kernel` merges the NR + P partials (log-sum-exp) and writes
+row statistics (m, l) into row s of partial buffers of S_CAP >= S rows per (batch, KV head)
+(allocated once, reused across steps); `saap_merge_kernel` merges the NR + P partials (log-sum-exp) and writes
 the output in its dtype.
 """
 
@@ -21,13 +22,12 @@ import triton.language as tl
 def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
                        O_PART, M_PART, L_PART,
                        N_CAP, C, P, G, D, qk_scale_log2,
-                       SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP, CHUNK, SPLIT,
+                       SINK_HI, W_LO, W_HI, P_LO, P_HI, N_SP, N_WP, N_PP, CHUNK, SPLIT, S_CAP,
                        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     bh = tl.program_id(0)
     s = tl.program_id(1)
     NR = N_SP + N_WP + N_PP
-    S = NR + P * SPLIT
     rows = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     row_ok = rows < G
@@ -86,14 +86,14 @@ def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
             v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
-    part = (bh * S + s) * BLOCK_G
+    part = (bh * S_CAP + s) * BLOCK_G
     tl.store(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_PART + part + rows, m_i)
     tl.store(L_PART + part + rows, l_i)
 
 
 @triton.jit
-def saap_merge_kernel(O_PART, M_PART, L_PART, OUT, S, G, D,
+def saap_merge_kernel(O_PART, M_PART, L_PART, OUT, S, S_CAP, G, D,
                       BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0)
     rows = tl.arange(0, BLOCK_G)
@@ -102,7 +102,7 @@ def saap_merge_kernel(O_PART, M_PART, L_PART, OUT, S, G, D,
     l_tot = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for s in range(0, S):
-        part = (bh * S + s) * BLOCK_G
+        part = (bh * S_CAP + s) * BLOCK_G
         m = tl.load(M_PART + part + rows)
         l = tl.load(L_PART + part + rows)
         o = tl.load(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :])
