@@ -167,7 +167,7 @@ class KascadeRuntime:
         b, hq, _, d = q.shape
         out = torch.empty_like(q)
         bg = o_part.shape[2]
-        saap_merge_kernel[(m_part.shape[0],)](o_part, m_part, l_part, out, s, hq * b // m_part.shape[0], d,
+        saap_merge_kernel[(m_part.shape[0],)](o_part, m_part, l_part, out, s, s, hq * b // m_part.shape[0], d,
                                              BLOCK_G=bg, BLOCK_D=o_part.shape[3])
         return out
 

@@ -178,7 +178,7 @@ class SpecAttnRuntime:
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
         out = torch.empty(b * hkv, rows, d, dtype=q.dtype, device=q.device)
-        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
+        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
         return out.reshape(b, hq, lq, d)
 
 
