@@ -30,6 +30,10 @@ from sas.methods.threshold_triton import threshold_select  # noqa: E402
 from sas.runtime.kernel import SASAttnKernel  # noqa: E402
 
 
+#: (keys per tile, warps) of the exact kernel tried beside the default (256, 4)
+TILE_SWEEP = ((1024, 8), (2048, 8))
+
+
 def bench(fn, reps: int) -> float:
     """Median milliseconds of `fn` (CUDA events), after warm-up."""
     if not torch.cuda.is_available():
@@ -80,11 +84,16 @@ def selection_rows(sizes, device, reps, p=0.95):
             t_ex = bench(lambda: threshold_select(x4, p=p), reps)
             t_paper = bench(lambda: threshold_select(x4, p=p, iters=10), reps)
             t_c16 = bench(lambda: threshold_select(x4, p=p, chunk=16), reps)
-            rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, chunk16_ms=t_c16,
+            tiles = {}                      # tile size / warps of the exact kernel (default: 256 keys, 4 warps)
+            for blk, warps in TILE_SWEEP:
+                assert torch.equal(threshold_select(x4, p=p, block=blk, num_warps=warps).mask, got.mask)
+                tiles[f"{blk}x{warps}"] = bench(lambda: threshold_select(x4, p=p, block=blk, num_warps=warps), reps)
+            rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, chunk16_ms=t_c16, tiles_ms=tiles,
                              speedup_exact=t_sort / t_ex, speedup_paper10=t_sort / t_paper,
                              mask_mismatches=mism, kept_frac=float(got.mask.float().mean())))
             print(f"select N={n}: sort {t_sort:.3f} ms, exact {t_ex:.3f} ms ({t_sort / t_ex:.2f}x), paper-10 "
-                  f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x), chunk16 {t_c16:.3f} ms; mismatches {mism}",
+                  f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x), chunk16 {t_c16:.3f} ms; mismatches {mism}; "
+                  f"tiles {', '.join(f'{k}: {v:.3f} ms' for k, v in tiles.items())}",
                   flush=True)
         except Exception as e:   # one size failing must not lose the others
             traceback.print_exc()
@@ -155,15 +164,16 @@ def main() -> None:
     sel = selection_rows(sizes, dev, reps)
     ver = verify_rows(vsizes, dev, reps)
     res = dict(device=device_name, torch=torch.__version__, selection=sel, verification=ver)
-    lines = ["| keys | torch.sort top-p ms | sorting-free exact ms | x | paper 10-iter ms | x | chunk-16 ms | mask mismatches |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| keys | torch.sort top-p ms | sorting-free exact ms | x | paper 10-iter ms | x | chunk-16 ms | "
+             "mask mismatches | best tile (keys x warps) ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sel:
         if "error" in r:
             lines.append(f"| {r['n']} | error: {r['error']} |")
         else:
             lines.append(f"| {r['n']} | {r['sort_ms']:.3f} | {r['exact_ms']:.3f} | {r['speedup_exact']:.2f} | "
                          f"{r['paper10_ms']:.3f} | {r['speedup_paper10']:.2f} | {r['chunk16_ms']:.3f} | "
-                         f"{r['mask_mismatches']} |")
+                         f"{r['mask_mismatches']} | {min(r['tiles_ms'].items(), key=lambda kv: kv[1])[0]}: "
+                         f"{min(r['tiles_ms'].values()):.3f} |")
     lines += ["", "| keys | SpecAttn step ms | dense SDPA ms | x | KV loads skipped |", "|---|---|---|---|---|"]
     for r in ver:
         if "error" in r:
