@@ -54,8 +54,8 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=5)
     ap.add_argument("--min-keys", type=int, default=16)
     ap.add_argument("--fracs", default="0.1,0.2")
-    ap.add_argument("--passkey-context", type=int, default=1024)
-    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--passkey-context", type=int, default=512)
+    ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--no-passkey", action="store_true")
     args = ap.parse_args()
     fracs = [float(x) for x in args.fracs.split(",")]

@@ -362,3 +362,19 @@ def test_step_shapes_are_checked():
         RT.prefill(layer, q[:, :3], k, v, SelectionStore(), 0)
     with pytest.raises(SASError):
         KascadeLayer("anchor", tile=0)
+
+
+@pytest.mark.kernels
+def test_prefill_kernels_with_one_token_tiles():
+    """tile=1: every row selects by its own GQA-pooled scores (the causal, decode-like form)."""
+    q, k, v = inputs(1, 2, 2, 20, 16, seed=4)
+    b = Fraction(0.25, 2)
+    layers = [KascadeLayer("anchor", budget=b, tile=1), KascadeLayer("reuse", budget=b, head_map=(1, 0), tile=1)]
+    outs, s1, s2 = _run(reference_prefill, RT.prefill, layers, q, k, v)
+    for ref, got in outs:
+        torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=2e-5)
+    a = s1.get("kascade", layer=9, mode="prefill", length=20, batch=1)
+    bb = s2.get("kascade", layer=9, mode="prefill", length=20, batch=1)
+    for t, c in enumerate(a.counts):   # dense tiles (c == t): the kernel path lists them in key order
+        x, y = a.idx[:, :, t, :c].long(), bb.idx[:, :, t, :c].long()
+        assert torch.equal(x.sort(-1).values, y.sort(-1).values) if c == t else torch.equal(x, y)

@@ -55,7 +55,7 @@ def fresh(small):
 
 @pytest.mark.kernels
 def test_triton_path_matches_the_torch_reference_through_generate(small):
-    ids = ids_of(small[1], 66)
+    ids = ids_of(small[1], 44)
     outs = {}
     for backend in ("torch", "triton"):
         m = fresh(small)
@@ -71,7 +71,7 @@ def test_triton_path_matches_the_torch_reference_through_generate(small):
 
 
 def test_budget_covering_every_key_is_the_models_attention(small):
-    ids = ids_of(small[1], 64, offset=100)
+    ids = ids_of(small[1], 48, offset=100)
     with torch.no_grad():
         dense = small[0](ids, use_cache=False).logits
         m = fresh(small)

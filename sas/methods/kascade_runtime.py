@@ -112,7 +112,7 @@ class KascadeRuntime:
             return idx, counts
         ch = max(1, min(nt - first_sparse, self.chunk_bytes // max(1, b * hkv * n * 4)))
         scr = torch.empty(b * hkv, ch, n, device=q.device, dtype=torch.float32)
-        br = triton.next_power_of_2(tile * g)
+        br = max(16, triton.next_power_of_2(tile * g))
         for t0 in range(first_sparse, nt, ch):
             c = min(ch, nt - t0)
             scr.fill_(-1.0)                     # probabilities are >= 0: keys not scored never win
@@ -134,7 +134,7 @@ class KascadeRuntime:
         out = torch.empty_like(q)
         cnt = torch.tensor(counts, device=q.device, dtype=torch.int32)
         hmap = torch.tensor(head_map, device=q.device, dtype=torch.int32)
-        br = triton.next_power_of_2(tile * g)
+        br = max(16, triton.next_power_of_2(tile * g))
         kascade_gather_prefill_kernel[(nt, b * hkv)](
             q, k, v, out, idx, cnt, hmap, n, hkv, idx.shape[1], g, d, nt, idx.shape[3], tile, scale * LOG2E,
             BLOCK_R=br, BLOCK_N=self.block_n, BLOCK_T=max(16, triton.next_power_of_2(tile)),
