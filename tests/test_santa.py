@@ -447,3 +447,40 @@ def test_bad_kernel_input():
         SantaRandom(seed=-1)
     with pytest.raises(SASError):
         SantaRandom(generator="not a generator")
+
+
+# --- the transformers integration ------------------------------------------------------------------
+
+@pytest.mark.kernels
+def test_integration_each_layer_samples_with_its_own_kernel_beside_h2o():
+    """SANTA through sas_attention (SASCache, one stateful SASAttnKernel per layer): with many
+    draws the logits follow the dense model's; layer 1 can run H2O at the same time."""
+    import copy
+
+    from model_fixtures import tiny_llama
+
+    from sas.integrations.transformers import sas_attention
+    from sas.methods.santa_dynamic import SantaDynamicRuntime
+
+    base = tiny_llama()
+    ids = torch.randint(1, 128, (1, 8), generator=torch.Generator().manual_seed(3))
+
+    def greedy(model):
+        out = model.generate(ids.to(DEV), max_new_tokens=2, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        return out.sequences, torch.stack(out.logits, 1), out.past_key_values
+
+    dense_seq, dense_logits, _ = greedy(copy.deepcopy(base).to(DEV))
+    santa = santa_pattern(20000, tile=16)
+    seq, logits, cache = greedy(sas_attention(copy.deepcopy(base).to(DEV), santa, backend="triton", max_len=64))
+    kernels = [layer.kernel for layer in cache.layers]
+    assert all(isinstance(k.dynamic, SantaDynamicRuntime) for k in kernels) and kernels[0] is not kernels[1]
+    assert kernels[0].dynamic.random is not kernels[1].dynamic.random
+    assert torch.equal(seq, dense_seq)
+    assert (logits - dense_logits).abs().max() < 0.05
+    h2o = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))
+    seq2, logits2, cache2 = greedy(sas_attention(copy.deepcopy(base).to(DEV), {0: santa_pattern(8, tile=16), 1: h2o},
+                                                 backend="triton", max_len=64))
+    assert torch.isfinite(logits2).all() and seq2.shape == (1, 10)
+    assert isinstance(cache2.layers[0].kernel.dynamic, SantaDynamicRuntime)
+    assert not isinstance(cache2.layers[1].kernel.dynamic, SantaDynamicRuntime)
