@@ -218,7 +218,8 @@ def test_route_flag():
     layer = SaapLayer(*(torch.randn(*s, generator=gen) for s in ((1, 4, 8), (1, 8, 4), (1, 4), (1, 4, 4), (1, 4))))
     with pytest.raises(KernelError, match="route"):
         SaapDecoder(layer, 2, max_len=8, route="triton")
-    assert not SaapDecoder(layer, 2, max_len=8).fused             # auto: torch off CUDA
+    assert SaapDecoder(layer, 2, max_len=8).route == "torch"      # the default: the reference path
+    assert not SaapDecoder(layer, 2, max_len=8, route="auto").fused   # auto: torch off CUDA
     dec = SaapDecoder(layer, 2, max_len=8, route="auto")
     dec.fill(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, dtype=torch.int32), 4)
     assert dec.fused == dec.k.is_cuda

@@ -21,7 +21,10 @@ Two routes select the buckets and write the new key (flag `route`):
   The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
   scores agree to float rounding; the probed sets are the same unless two buckets' group
   scores are within that rounding (~1e-6 relative) of each other at the l-th place.
-- "auto" (default): "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
+- "auto": "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
+
+The default is "torch" until the fused route has been checked and timed on a GPU
+(`benchmarks/bench_saap.py` checks both routes against the float64 reference); docs/saap.md.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class SaapDecoder:
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
                  rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
-                 scale: float | None = None, route: str = "auto"):
+                 scale: float | None = None, route: str = "torch"):
         if route not in ROUTES:
             raise KernelError(f"SaapDecoder: route must be one of {ROUTES}, got {route!r}")
         self.route = route
