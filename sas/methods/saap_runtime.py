@@ -34,7 +34,7 @@ import os
 
 import torch
 
-from sas.errors import KernelError
+from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
 from sas.methods.saap_route import saap_route_kernel
 from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
@@ -44,6 +44,7 @@ DENSE_CHUNK = 256
 ROUTES = ("auto", "fused", "torch")
 ROUTE_BLOCK_C = 64       # buckets per route program
 ROUTE_BLOCK_H = 16       # classifier hidden units per inner step
+ROUTE_MAX_CLUSTERS = 4096
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -73,6 +74,9 @@ class SaapDecoder:
         self.route = route
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
+        if route != "torch" and layer.clusters > ROUTE_MAX_CLUSTERS:
+            raise NotYetSupportedError(f"SaapDecoder: the fused route holds a KV head's {layer.clusters} bucket scores "
+                                       f"in one program (at most {ROUTE_MAX_CLUSTERS}); use route='torch'")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
                                ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1),
                                ("split", split, 1)):
