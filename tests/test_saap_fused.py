@@ -8,9 +8,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sas.errors import KernelError
+from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, group_scores, probe, saap_attention_reference
-from sas.methods.saap_runtime import ROUTE_BLOCK_C, SaapDecoder
+from sas.methods.saap_runtime import ROUTE_BLOCK_C, ROUTE_MAX_CLUSTERS, SaapDecoder
 
 pytestmark = pytest.mark.kernels
 
@@ -218,8 +218,14 @@ def test_route_flag():
     layer = SaapLayer(*(torch.randn(*s, generator=gen) for s in ((1, 4, 8), (1, 8, 4), (1, 4), (1, 4, 4), (1, 4))))
     with pytest.raises(KernelError, match="route"):
         SaapDecoder(layer, 2, max_len=8, route="triton")
-    assert not SaapDecoder(layer, 2, max_len=8).fused             # auto: torch off CUDA
+    assert SaapDecoder(layer, 2, max_len=8).route == "torch"      # the default: the reference path
+    assert not SaapDecoder(layer, 2, max_len=8, route="auto").fused   # auto: torch off CUDA
     dec = SaapDecoder(layer, 2, max_len=8, route="auto")
     dec.fill(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, dtype=torch.int32), 4)
     assert dec.fused == dec.k.is_cuda
     assert SaapDecoder(layer, 2, max_len=8, route="fused").fused
+    big = SaapLayer(torch.zeros(1, ROUTE_MAX_CLUSTERS + 1, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2),
+                    torch.zeros(1, 2, ROUTE_MAX_CLUSTERS + 1), torch.zeros(1, ROUTE_MAX_CLUSTERS + 1))
+    with pytest.raises(NotYetSupportedError, match="fused route"):
+        SaapDecoder(big, 2, max_len=8, route="fused")
+    assert SaapDecoder(big, 2, max_len=8).route == "torch"

@@ -21,7 +21,10 @@ Two routes select the buckets and write the new key (flag `route`):
   The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
   scores agree to float rounding; the probed sets are the same unless two buckets' group
   scores are within that rounding (~1e-6 relative) of each other at the l-th place.
-- "auto" (default): "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
+- "auto": "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
+
+The default is "torch" until the fused route has been checked and timed on a GPU
+(`benchmarks/bench_saap.py` checks both routes against the float64 reference); docs/saap.md.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import os
 
 import torch
 
-from sas.errors import KernelError
+from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
 from sas.methods.saap_route import saap_route_kernel
 from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
@@ -41,6 +44,7 @@ DENSE_CHUNK = 256
 ROUTES = ("auto", "fused", "torch")
 ROUTE_BLOCK_C = 64       # buckets per route program
 ROUTE_BLOCK_H = 16       # classifier hidden units per inner step
+ROUTE_MAX_CLUSTERS = 4096
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -64,12 +68,15 @@ class SaapDecoder:
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
                  rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
-                 scale: float | None = None, route: str = "auto"):
+                 scale: float | None = None, route: str = "torch"):
         if route not in ROUTES:
             raise KernelError(f"SaapDecoder: route must be one of {ROUTES}, got {route!r}")
         self.route = route
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
+        if route != "torch" and layer.clusters > ROUTE_MAX_CLUSTERS:
+            raise NotYetSupportedError(f"SaapDecoder: the fused route holds a KV head's {layer.clusters} bucket scores "
+                                       f"in one program (at most {ROUTE_MAX_CLUSTERS}); use route='torch'")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
                                ("rebuild_every", rebuild_every, 1), ("block_n", block_n, 16), ("chunk", chunk, 1),
                                ("split", split, 1)):
