@@ -38,7 +38,7 @@ DEFAULT_WINDOW = 64
 MAX_WINDOW = 4096
 #: The longest --max-len: 2**40 tokens (the static analysis works in int64 with room to spare).
 MAX_LEN = 1 << 40
-FALLBACK_BACKENDS = ("triton",)
+FALLBACK_BACKENDS = ("triton", "cuda", "nki")   # = sas.codegen.compile.BACKENDS, without importing torch
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _LENGTH_FORMS = "a positive integer, optionally with a K, M or G suffix (16384, 16K, 1M)"
 #: click >= 8.2 reports a bare `sas` as this usage error, shown as the help text: keep it so
