@@ -485,3 +485,11 @@ def test_inspect_dynamic_pattern_the_kernels_cannot_run_says_why(tmp_path):
     assert r.exit_code == 0, r.output
     assert "kernel cache: none: SASAttnKernel cannot run this pattern" in r.stdout
     assert "becomes a dynamic candidate at query" in r.stdout
+
+
+def test_compile_help_names_every_backend():
+    """The help text lists backends without importing torch; it must not drift from the real list."""
+    from sas.cli.main import FALLBACK_BACKENDS
+    from sas.codegen.compile import BACKENDS
+
+    assert FALLBACK_BACKENDS == BACKENDS
