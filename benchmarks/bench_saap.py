@@ -217,7 +217,8 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
             probed_f = decf._last_step[1].long().clone()
             fused_same = {"probed_equal": bool(torch.equal(probed_f, probed)),
                           "probed_set_equal": bool(torch.equal(probed_f.sort(-1).values, probed.sort(-1).values)),
-                          "new_key_bucket_equal": bool(torch.equal(decf.bucket_of[..., n - 1], dec.bucket_of[..., n - 1])),
+                          "new_key_bucket_equal": bool(torch.equal(decf.bucket_of[..., n - 1],
+                                                                   dec.bucket_of[..., n - 1])),
                           "max_abs_diff_vs_torch_route": float((of.float() - o.float()).abs().max()),
                           "looked_up_equal": bool(torch.equal(decf.last_looked_up, dec.last_looked_up))}
             print(f"fused route at {n}: {fused_same}")

@@ -8,7 +8,8 @@ rebuilt, kept only when their bucket is probed; all scalars, so a step is graph-
 (`idx[off[c]:off[c+1]]`, gathered rows: K and V are not reordered). The G query heads of a KV
 head are the rows of one program. Each program writes its unnormalised output and log2-domain
 row statistics (m, l) into row s of partial buffers of S_CAP >= S rows per (batch, KV head)
-(allocated once, reused across steps); `saap_merge_kernel` merges the NR + P partials (log-sum-exp) and writes
+(allocated once, reused across steps); `saap_merge_kernel` merges the NR + P partials
+(log-sum-exp) and writes
 the output in its dtype.
 """
 
