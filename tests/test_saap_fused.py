@@ -3,6 +3,8 @@ torch path (`assign`, `probe(group_scores(...))`, cache writes) and the float64 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import assume, given, settings
@@ -218,7 +220,7 @@ def test_route_flag():
     layer = SaapLayer(*(torch.randn(*s, generator=gen) for s in ((1, 4, 8), (1, 8, 4), (1, 4), (1, 4, 4), (1, 4))))
     with pytest.raises(KernelError, match="route"):
         SaapDecoder(layer, 2, max_len=8, route="triton")
-    assert SaapDecoder(layer, 2, max_len=8).route == "torch"      # the default: the reference path
+    assert SaapDecoder(layer, 2, max_len=8).route == "auto"       # the default: fused on CUDA, torch elsewhere
     assert not SaapDecoder(layer, 2, max_len=8, route="auto").fused   # auto: torch off CUDA
     dec = SaapDecoder(layer, 2, max_len=8, route="auto")
     dec.fill(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, dtype=torch.int32), 4)
@@ -228,4 +230,10 @@ def test_route_flag():
                     torch.zeros(1, 2, ROUTE_MAX_CLUSTERS + 1), torch.zeros(1, ROUTE_MAX_CLUSTERS + 1))
     with pytest.raises(NotYetSupportedError, match="fused route"):
         SaapDecoder(big, 2, max_len=8, route="fused")
-    assert SaapDecoder(big, 2, max_len=8).route == "torch"
+    assert SaapDecoder(big, 2, max_len=8, route="torch").route == "torch"
+    auto = SaapDecoder(big, 2, max_len=8)                  # auto: the torch route above the limit, even on CUDA
+    auto.k = SimpleNamespace(is_cuda=True)                 # stands for a CUDA cache (no GPU here)
+    assert auto.route == "auto" and not auto.fused
+    small = SaapDecoder(layer, 2, max_len=8)
+    small.k = SimpleNamespace(is_cuda=True)
+    assert small.fused

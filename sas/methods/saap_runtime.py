@@ -21,10 +21,11 @@ Two routes select the buckets and write the new key (flag `route`):
   The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
   scores agree to float rounding; the probed sets are the same unless two buckets' group
   scores are within that rounding (~1e-6 relative) of each other at the l-th place.
-- "auto": "fused" on CUDA, "torch" elsewhere (the CPU interpreter).
+- "auto" (the default): "fused" on CUDA up to ROUTE_MAX_CLUSTERS buckets, "torch" elsewhere
+  (the CPU interpreter, more buckets).
 
-The default is "torch" until the fused route has been checked and timed on a GPU
-(`benchmarks/bench_saap.py` checks both routes against the float64 reference); docs/saap.md.
+Checked on an H100 (2026-11-25, `benchmarks/bench_saap.py`): the fused route picks the same
+buckets as the torch route at 64K-256K and matches the float64 reference; docs/saap.md.
 """
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ class SaapDecoder:
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
                  rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
-                 scale: float | None = None, route: str = "torch"):
+                 scale: float | None = None, route: str = "auto"):
         if route not in ROUTES:
             raise KernelError(f"SaapDecoder: route must be one of {ROUTES}, got {route!r}")
         self.route = route
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
-        if route != "torch" and layer.clusters > ROUTE_MAX_CLUSTERS:
+        if route == "fused" and layer.clusters > ROUTE_MAX_CLUSTERS:
             raise NotYetSupportedError(f"SaapDecoder: the fused route holds a KV head's {layer.clusters} bucket scores "
                                        f"in one program (at most {ROUTE_MAX_CLUSTERS}); use route='torch'")
         for name, x, least in (("sink", sink, 0), ("window", window, 1), ("max_len", max_len, 1),
@@ -198,7 +199,7 @@ class SaapDecoder:
     def fused(self) -> bool:
         """Whether decode steps take the fused route kernel."""
         if self.route == "auto":
-            return self.k is not None and self.k.is_cuda
+            return self.k is not None and self.k.is_cuda and self.layer.clusters <= ROUTE_MAX_CLUSTERS
         return self.route == "fused"
 
     def _route_buffers(self, g: int) -> dict[str, torch.Tensor]:
