@@ -59,7 +59,7 @@ def test_kernel_equals_sorted_reference_topp(chunk, method):
 
 
 @pytest.mark.kernels
-def test_kernel_odd_chunk_peaked_rows_and_p1():
+def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the row kernel at these sizes)
     x = rows((2, 1, 1, 23), 5, "peaked")
     for p, chunk in ((0.9, 5), (1.0, 1)):
         assert torch.equal(threshold_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
@@ -114,10 +114,12 @@ def test_split_kernel_many_splits_equals_row_kernel_and_reference():
         ref = select_reference(x, **kw)
         row = threshold_select(x, method="row", **kw)
         for splits in all_splits:
-            got = threshold_select(x, block=16, splits=splits, **kw)
+            got = threshold_select(x, block=16, splits=splits, method="split", **kw)
             assert torch.equal(got.mask, ref.mask), (kw, splits)
             assert torch.equal(got.kept.long(), ref.kept), (kw, splits)
             assert torch.equal(got.theta, row.theta), (kw, splits)
+    z = threshold_select(torch.zeros(1, 1, 1, 40), p=0.5, block=16, method="split")
+    assert z.mask.all() and float(z.theta) == 0.0                 # all-zero row: θ = the max, every key (ties)
 
 
 @pytest.mark.parametrize("rows_, nc, block, splits", [(128, 8192, 256, None), (1, 100, 16, None), (4, 75, 16, 5),
