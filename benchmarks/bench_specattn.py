@@ -1,4 +1,5 @@
-"""SpecAttn on the GPU: the sorting-free threshold-selection kernel against torch.sort-based top-p
+"""SpecAttn on the GPU: the sorting-free threshold-selection kernels (one program per row, and
+rows split over many programs) against torch.sort-based top-p
 (paper Fig. 3 claims >= 4x up to 8K keys), 8K-128K keys; and one verification step of the
 SpecAttn attention kernel (chunk 16, p = 0.95, γ = 4) against dense SDPA over the same cache,
 with the fraction of KV loads it skips on a synthetic draft distribution.
@@ -30,8 +31,8 @@ from sas.methods.threshold_triton import threshold_select  # noqa: E402
 from sas.runtime.kernel import SASAttnKernel  # noqa: E402
 
 
-#: (keys per tile, warps) of the exact kernel tried beside the default (256, 4)
-TILE_SWEEP = ((1024, 8), (2048, 8))
+#: (keys per tile, warps) of the exact split kernel tried beside the default (256, 4)
+TILE_SWEEP = ((1024, 8),)
 
 
 def bench(fn, reps: int) -> float:
@@ -78,23 +79,39 @@ def selection_rows(sizes, device, reps, p=0.95):
             x = draft_rows(32, 4, n, device, seed=n)
             x4 = x[:, :, None, :]
             ref = torch_topp(x, p)
-            got = threshold_select(x4, p=p)
+            got = threshold_select(x4, p=p, method="row")
+            split = threshold_select(x4, p=p, method="split")
             mism = int((ref != got.mask).sum())
+            mism_split = int((ref != split.mask).sum())
+            same = bool(torch.equal(split.mask, got.mask))
+            same_paper = bool(torch.equal(threshold_select(x4, p=p, iters=10, method="split").mask,
+                                          threshold_select(x4, p=p, iters=10, method="row").mask))
             t_sort = bench(lambda: torch_topp(x, p), reps)
-            t_ex = bench(lambda: threshold_select(x4, p=p), reps)
-            t_paper = bench(lambda: threshold_select(x4, p=p, iters=10), reps)
-            t_c16 = bench(lambda: threshold_select(x4, p=p, chunk=16), reps)
-            tiles = {}                      # tile size / warps of the exact kernel (default: 256 keys, 4 warps)
+            t_ex = bench(lambda: threshold_select(x4, p=p, method="row"), reps)
+            t_paper = bench(lambda: threshold_select(x4, p=p, iters=10, method="row"), reps)
+            t_sp = bench(lambda: threshold_select(x4, p=p, method="split"), reps)
+            t_sp_paper = bench(lambda: threshold_select(x4, p=p, iters=10, method="split"), reps)
+            t_c16 = bench(lambda: threshold_select(x4, p=p, chunk=16, method="split"), reps)
+            tiles = {}                      # tile size / warps of the split kernel (default: 256 keys, 4 warps)
+            tile_mism = {}                  # another split layout sums the mass in another order
             for blk, warps in TILE_SWEEP:
-                assert torch.equal(threshold_select(x4, p=p, block=blk, num_warps=warps).mask, got.mask)
-                tiles[f"{blk}x{warps}"] = bench(lambda: threshold_select(x4, p=p, block=blk, num_warps=warps), reps)
-            rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, chunk16_ms=t_c16, tiles_ms=tiles,
+                tile_mism[f"{blk}x{warps}"] = int((ref != threshold_select(x4, p=p, block=blk, num_warps=warps,
+                                                                           method="split").mask).sum())
+                tiles[f"{blk}x{warps}"] = bench(lambda: threshold_select(x4, p=p, block=blk, num_warps=warps,
+                                                                         method="split"), reps)
+            best_split = min([t_sp, *tiles.values()])
+            rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, split_ms=t_sp,
+                             split_paper10_ms=t_sp_paper, split_chunk16_ms=t_c16, split_tiles_ms=tiles,
                              speedup_exact=t_sort / t_ex, speedup_paper10=t_sort / t_paper,
-                             mask_mismatches=mism, kept_frac=float(got.mask.float().mean())))
-            print(f"select N={n}: sort {t_sort:.3f} ms, exact {t_ex:.3f} ms ({t_sort / t_ex:.2f}x), paper-10 "
-                  f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x), chunk16 {t_c16:.3f} ms; mismatches {mism}; "
-                  f"tiles {', '.join(f'{k}: {v:.3f} ms' for k, v in tiles.items())}",
-                  flush=True)
+                             speedup_split=t_sort / t_sp, speedup_split_best=t_sort / best_split,
+                             speedup_split_paper10=t_sort / t_sp_paper, mask_mismatches=mism,
+                             split_mask_mismatches=mism_split, split_tile_mask_mismatches=tile_mism, split_equals_row=same,
+                             split_paper_equals_row=same_paper, kept_frac=float(split.mask.float().mean())))
+            print(f"select N={n}: sort {t_sort:.3f} ms | row: exact {t_ex:.3f} ms ({t_sort / t_ex:.2f}x), paper-10 "
+                  f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x) | split: exact {t_sp:.3f} ms ({t_sort / t_sp:.2f}x), "
+                  f"paper-10 {t_sp_paper:.3f} ms ({t_sort / t_sp_paper:.2f}x), chunk16 {t_c16:.3f} ms, "
+                  f"{', '.join(f'{k}: {v:.3f} ms' for k, v in tiles.items())} | mismatches vs sort: row {mism}, "
+                  f"split {mism_split}; split == row: {same}, paper {same_paper}", flush=True)
         except Exception as e:   # one size failing must not lose the others
             traceback.print_exc()
             rows.append(dict(n=n, error=f"{type(e).__name__}: {e}"))
@@ -164,16 +181,21 @@ def main() -> None:
     sel = selection_rows(sizes, dev, reps)
     ver = verify_rows(vsizes, dev, reps)
     res = dict(device=device_name, torch=torch.__version__, selection=sel, verification=ver)
-    lines = ["| keys | torch.sort top-p ms | sorting-free exact ms | x | paper 10-iter ms | x | chunk-16 ms | "
-             "mask mismatches | best tile (keys x warps) ms |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| keys | torch.sort top-p ms | row exact ms | x | row paper-10 ms | x | split exact ms | x | "
+             "split best tile ms | x | split paper-10 ms | x | split chunk-16 ms | mismatches vs sort (row / split) | "
+             "split set == row set |", "|" + "---|" * 15]
     for r in sel:
         if "error" in r:
             lines.append(f"| {r['n']} | error: {r['error']} |")
         else:
+            bt = min(r['split_tiles_ms'].items(), key=lambda kv: kv[1])
+            best = min(bt[1], r['split_ms'])
             lines.append(f"| {r['n']} | {r['sort_ms']:.3f} | {r['exact_ms']:.3f} | {r['speedup_exact']:.2f} | "
-                         f"{r['paper10_ms']:.3f} | {r['speedup_paper10']:.2f} | {r['chunk16_ms']:.3f} | "
-                         f"{r['mask_mismatches']} | {min(r['tiles_ms'].items(), key=lambda kv: kv[1])[0]}: "
-                         f"{min(r['tiles_ms'].values()):.3f} |")
+                         f"{r['paper10_ms']:.3f} | {r['speedup_paper10']:.2f} | {r['split_ms']:.3f} | "
+                         f"{r['speedup_split']:.2f} | {bt[0]}: {bt[1]:.3f} | {r['sort_ms'] / best:.2f} | "
+                         f"{r['split_paper10_ms']:.3f} | {r['speedup_split_paper10']:.2f} | "
+                         f"{r['split_chunk16_ms']:.3f} | {r['mask_mismatches']} / {r['split_mask_mismatches']} | "
+                         f"{r['split_equals_row']} / {r['split_paper_equals_row']} |")
     lines += ["", "| keys | SpecAttn step ms | dense SDPA ms | x | KV loads skipped |", "|---|---|---|---|---|"]
     for r in ver:
         if "error" in r:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sas.errors import KernelError, PatternError, SASError
 from sas.methods.threshold import expand_chunks, kept_mass, pool, select_reference
+from sas.methods.threshold_split_triton import split_layout
 from sas.methods.threshold_triton import threshold_select
 
 
@@ -46,19 +47,19 @@ def test_reference_ties_kept_and_p1_keeps_all():
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("chunk", [1, 16])
-def test_kernel_equals_sorted_reference_topp(chunk):
+@pytest.mark.parametrize("chunk,method", [(1, "split"), (16, "split"), (1, "row"), (16, "row")])
+def test_kernel_equals_sorted_reference_topp(chunk, method):
     x = rows((2, 2, 2, 70), chunk, "softmax")
     for p in (0.6, 0.95):
         ref = select_reference(x, p=p, chunk=chunk)
-        got = threshold_select(x, p=p, chunk=chunk)
+        got = threshold_select(x, p=p, chunk=chunk, method=method)
         assert torch.equal(got.mask, ref.mask), (chunk, p)
         assert torch.equal(got.kept.long(), ref.kept)
         assert (kept_mass(x, got.mask, chunk) >= p - 1e-6).all()
 
 
 @pytest.mark.kernels
-def test_kernel_odd_chunk_peaked_rows_and_p1():
+def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the row kernel at these sizes)
     x = rows((2, 1, 1, 23), 5, "peaked")
     for p, chunk in ((0.9, 5), (1.0, 1)):
         assert torch.equal(threshold_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
@@ -102,6 +103,35 @@ def test_kernel_random_rows(m, r, pp, n, chunk, p, seed):
     assert torch.equal(got.mask, ref.mask)
 
 
+@pytest.mark.kernels
+def test_split_kernel_many_splits_equals_row_kernel_and_reference():
+    """Rows split over 2 or 5 programs of 16-entry tiles (the last split short): every request kind
+    gives the reference's set and the row kernel's set and threshold."""
+    x = rows((1, 2, 2, 75), 11, "softmax")
+    x[0, 1, 0, 3] = -0.5                                       # a negative score (zero mass)
+    for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (5,)),
+                           (dict(p=0.9, iters=10), (5,)), (dict(p=0.7, chunk=4), (2,))):
+        ref = select_reference(x, **kw)
+        row = threshold_select(x, method="row", **kw)
+        for splits in all_splits:
+            got = threshold_select(x, block=16, splits=splits, method="split", **kw)
+            assert torch.equal(got.mask, ref.mask), (kw, splits)
+            assert torch.equal(got.kept.long(), ref.kept), (kw, splits)
+            assert torch.equal(got.theta, row.theta), (kw, splits)
+    z = threshold_select(torch.zeros(1, 1, 1, 40), p=0.5, block=16, method="split")
+    assert z.mask.all() and float(z.theta) == 0.0                 # all-zero row: θ = the max, every key (ties)
+
+
+@pytest.mark.parametrize("rows_, nc, block, splits", [(128, 8192, 256, None), (1, 100, 16, None), (4, 75, 16, 5),
+                                                      (3, 10, 16, 4), (2, 1000, 64, 7)])
+def test_split_layout_covers_every_entry_once(rows_, nc, block, splits):
+    ns, span = split_layout(rows_, nc, block, splits)
+    assert span % block == 0 and ns >= 1
+    assert (ns - 1) * span < nc <= ns * span                    # no empty split, every entry in one
+    if splits is not None:
+        assert ns <= splits
+
+
 def test_union_over_rows_and_chunk_expansion():
     x = torch.zeros(1, 2, 1, 6)
     x[0, 0, 0, 1] = 1.0
@@ -121,6 +151,13 @@ def test_bad_requests(kwargs):
         select_reference(x, **kwargs)
     with pytest.raises(KernelError):
         threshold_select(x, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(method="sort"), dict(splits=0), dict(splits=2.0), dict(block=100),
+                                    dict(block=8)])
+def test_bad_kernel_options(kwargs):
+    with pytest.raises(KernelError):
+        threshold_select(torch.rand(1, 1, 1, 8), p=0.5, **kwargs)
 
 
 def test_bad_scores():

@@ -23,9 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
+from sas.errors import KernelError
 from sas.methods.threshold import Selection, check_request, check_scores
 
 BLOCK_C = 256
+#: `threshold_select` methods: rows split over many programs, one program per row, or `auto`
+METHODS = ("auto", "split", "row")
+#: `auto` splits rows of at least this many entries (H100, 128 rows: the split kernel's ~10
+#: launches cost more than they save below 32K entries; docs/specattn.md)
+SPLIT_MIN_ENTRIES = 32768
 
 
 @triton.jit
@@ -121,13 +127,26 @@ def threshold_select_kernel(X, MASK, THETA, KEPT, R, P, N, NC, STRIDE_M, STRIDE_
 
 
 def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | None = None, chunk: int = 1,
-                     iters: int | None = None, block: int = BLOCK_C, num_warps: int = 4) -> Selection:
+                     iters: int | None = None, block: int = BLOCK_C, num_warps: int = 4, method: str = "auto",
+                     splits: int | None = None) -> Selection:
     """The selection of `sas.methods.threshold` on the Triton kernel: scores [M, R, P, N]
     (fp32 / fp16 / bf16; any strides with a unit key stride) -> `Selection` with mask [M, Nc]
-    bool, theta [M, R] float32, kept [M, R] int32."""
+    bool, theta [M, R] float32, kept [M, R] int32.
+
+    `method="split"`: each row split over `splits` programs (default: about 2048 programs in
+    all), one launch per search pass (`sas.methods.threshold_split_triton`); `method="row"`:
+    one program per row (`threshold_select_kernel`); `method="auto"` (default): split when a
+    row has at least `SPLIT_MIN_ENTRIES` entries. Same search, same set up to fp32 summation
+    order of the mass at the p boundary."""
     where = "threshold_select"
     p, k, chunk, iters = check_request(p, k, chunk, iters, where)
     scores = check_scores(scores, where)
+    if method not in METHODS:
+        raise KernelError(f"{where}: method must be one of {METHODS}, got {method!r}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise KernelError(f"{where}: splits must be None (automatic) or a positive integer, got {splits!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise KernelError(f"{where}: block must be a power of two >= 16 (entries per tile), got {block!r}")
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     m, r, pp, n = scores.shape
@@ -138,6 +157,10 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     blk = max(16, min(block, triton.next_power_of_2(nc)))
     count = k is not None or p == 1.0          # p = 1 keeps every entry: the count predicate with k = Nc
     value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
+    if method == "split" or (method == "auto" and nc >= SPLIT_MIN_ENTRIES):
+        from sas.methods.threshold_split_triton import run_split
+        mask, theta, kept = run_split(scores, value, count, None if count else iters, chunk, blk, num_warps, splits)
+        return Selection(mask.bool().any(1), theta, kept)
     threshold_select_kernel[(m, r)](
         scores, mask, theta, kept, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2),
         value, COUNT=count, ITERS=0 if count else (iters or 0), CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
@@ -145,4 +168,4 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     return Selection(mask.bool().any(1), theta, kept)
 
 
-__all__ = ["threshold_select", "threshold_select_kernel"]
+__all__ = ["BLOCK_C", "METHODS", "SPLIT_MIN_ENTRIES", "threshold_select", "threshold_select_kernel"]
