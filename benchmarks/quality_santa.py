@@ -69,8 +69,8 @@ def h2o_pattern(n: int):
     return Diag(0, w) + Diag(w, None) * Dynamic(budget=n - w, score=ops.attn_score().sum(dim=1))
 
 
-def santa_pattern(n: int):
-    return Causal() * Dynamic(budget=n, score=ops.attn_score().sample(n=n), refresh=True)
+def santa_pattern(n: int, strategy: str = "prop"):
+    return Causal() * Dynamic(budget=n, score=ops.attn_score().sample(n=n, strategy=strategy), refresh=True)
 
 
 def h2o_fast(q, k, v, n, prompt, scale):
@@ -189,20 +189,20 @@ def perplexities(model, ids, sizes, methods, seed):
     return rows
 
 
-def passkeys(tok, context, depths, sizes, max_len, which):
+def passkeys(tok, context, depths, sizes, max_len, which, strategy="prop", dense=True):
     """SANTA through sas_attention (prop kernel); H2O replayed by `h2o_fast` inside
     generate() (the H2O Triton runtime under the CPU interpreter is too slow for 1K prompts)."""
     rows = []
-    for label, make in [("dense", None)] + [(f"{w}", s) for s in sizes for w in which]:
+    for label, make in [("dense", None)] * dense + [(f"{w}", s) for s in sizes for w in which]:
         t = time.time()
         model, _ = load_model("default", dtype=torch.float32)
         if label == "santa":
-            sas_attention(model, santa_pattern(make), backend="triton", max_len=max_len)
+            sas_attention(model, santa_pattern(make, strategy), backend="triton", max_len=max_len)
         elif label == "h2o":
             Ctx.mode, Ctx.n, Ctx.history = "h2o_generate", make, {}
             model.set_attn_implementation(NAME)
         res = run_passkey(model, tok, context, depths, max_new_tokens=8, batch_size=1)
-        rows.append({"mode": label, "S": make, "context": context, "accuracy": accuracy(res),
+        rows.append({"mode": label, "S": make, "context": context, "strategy": strategy if label == "santa" else None, "accuracy": accuracy(res),
                      "answers": [r.answer for r in res], "seconds": time.time() - t})
         print(rows[-1], flush=True)
     return rows
@@ -219,6 +219,8 @@ def main() -> None:
     ap.add_argument("--passkey", default="santa,h2o", help="methods for the passkey part ('' to skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-perplexity", action="store_true")
+    ap.add_argument("--santa-strategy", default="prop", help="SANTA kernel in the passkey part (prop, flash, torch)")
+    ap.add_argument("--no-dense-passkey", action="store_true")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     t0 = time.time()
@@ -246,7 +248,8 @@ def main() -> None:
     which = [x for x in args.passkey.split(",") if x]
     if which:
         depths = [float(x) for x in args.depths.split(",")]
-        report["passkey"] = passkeys(tok, args.passkey_context, depths, sizes, args.passkey_context + 64, which)
+        report["passkey"] = passkeys(tok, args.passkey_context, depths, sizes, args.passkey_context + 64, which,
+                                     args.santa_strategy, not args.no_dense_passkey)
     report["seconds"] = time.time() - t0
     out = os.environ.get("OUT")
     if out:
