@@ -16,8 +16,13 @@ Two routes select the buckets and write the new key (flag `route`):
   cache writes, mask scatter); runs wherever torch runs;
 - "fused": one Triton launch (`sas.methods.saap_route.saap_route_kernel`) does the classifier,
   the group sum, the top-l selection (same buckets, same tie order), the probed ids and mask,
-  the new key's bucket and the cache writes; with the decode kernel and the merge a step is
-  3 launches into buffers allocated once per cache (only the output is allocated per step).
+  the new key's bucket and the cache writes; with the decode kernel (merging in place) a step
+  is 2 launches (3 with merge="separate") into buffers allocated once per cache (only the output is allocated per step).
+
+The merge of the decode kernel's partials (flag `merge`): "fused" (the default) in the decode
+launch itself (the last program of each (batch, KV head) to arrive merges, via an arrival
+counter allocated once per decoder), "separate" a second launch (`saap_merge_kernel`); both
+run the same merge code in the same order, so their outputs are bit-identical.
   The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
   scores agree to float rounding; the probed sets are the same unless two buckets' group
   scores are within that rounding (~1e-6 relative) of each other at the l-th place.
@@ -43,6 +48,7 @@ from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
 LOG2E = 1.4426950408889634
 DENSE_CHUNK = 256
 ROUTES = ("auto", "fused", "torch")
+MERGES = ("fused", "separate")
 ROUTE_BLOCK_C = 64       # buckets per route program
 ROUTE_BLOCK_H = 16       # classifier hidden units per inner step
 ROUTE_MAX_CLUSTERS = 4096
@@ -69,10 +75,13 @@ class SaapDecoder:
 
     def __init__(self, layer: SaapLayer, probes: int, *, sink: int = 1, window: int = 2047, max_len: int,
                  rebuild_every: int = 64, block_n: int = 64, chunk: int = DENSE_CHUNK, split: int = 1,
-                 scale: float | None = None, route: str = "auto"):
+                 scale: float | None = None, route: str = "auto", merge: str = "fused"):
         if route not in ROUTES:
             raise KernelError(f"SaapDecoder: route must be one of {ROUTES}, got {route!r}")
+        if merge not in MERGES:
+            raise KernelError(f"SaapDecoder: merge must be one of {MERGES}, got {merge!r}")
         self.route = route
+        self.merge = merge
         self.layer = layer
         self.probes = check_probes(probes, layer.clusters, "SaapDecoder")
         if route == "fused" and layer.clusters > ROUTE_MAX_CLUSTERS:
@@ -96,6 +105,7 @@ class SaapDecoder:
         self.steps = 0
         self._route_bufs: dict[str, torch.Tensor] | None = None
         self._parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._merge_counter: torch.Tensor | None = None
 
     # region of query i: keys [sink, i - window + 1)
     def _region_hi(self, i: int) -> int:
@@ -131,7 +141,7 @@ class SaapDecoder:
         self.bucket_of[:, :, :n] = assign(k if k_index is None else k_index, layer.centroids[None]).to(torch.int32)
         self.length = n
         self._rebuild()
-        self._route_bufs = self._parts = None
+        self._route_bufs = self._parts = self._merge_counter = None
         return out
 
     def fill(self, k: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, length: int) -> None:
@@ -146,7 +156,7 @@ class SaapDecoder:
         self.k, self.v, self.bucket_of = k, v, buckets.to(torch.int32)
         self.length = length
         self._rebuild()
-        self._route_bufs = self._parts = None
+        self._route_bufs = self._parts = self._merge_counter = None
 
     def _rebuild(self) -> None:
         hi = self._region_hi(self.length)          # the region of the next query
@@ -253,6 +263,14 @@ class SaapDecoder:
             parts = self._parts = (o, m, torch.empty_like(m))
         return parts
 
+    def _counter(self, bhkv: int, dev) -> torch.Tensor:
+        """The fused merge's arrival counters, one per (batch, KV head), allocated once (zero; the
+        last program of each row resets its counter, so they are zero again after every step)."""
+        cnt = self._merge_counter
+        if cnt is None or cnt.shape[0] != bhkv or cnt.device != dev:
+            cnt = self._merge_counter = torch.zeros(bhkv, dtype=torch.int32, device=dev)
+        return cnt
+
     def probed_mask(self, probed: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, C] int8: 1 for the probed buckets."""
         b, hkv, _ = probed.shape
@@ -271,7 +289,9 @@ class SaapDecoder:
 
     def attend(self, q: torch.Tensor, probed: torch.Tensor, mask: torch.Tensor, i: int) -> torch.Tensor:
         """The kernel launch and merge for query i over the current cache and index (no host
-        sync, graph-capturable): q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`."""
+        sync, graph-capturable): q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`.
+        merge="fused": one launch (the last program of each (batch, KV head) merges);
+        merge="separate": the decode launch, then `saap_merge_kernel`."""
         b, hkv, _, d = self.k.shape
         hq = q.shape[1]
         g = hq // hkv
@@ -283,15 +303,18 @@ class SaapDecoder:
         cap = o_part.shape[1]
         scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
         qc = q.reshape(b, hkv, g, d).to(self.k.dtype).contiguous()
+        out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
+        fuse = self.merge == "fused"
+        counter = self._counter(b * hkv, q.device) if fuse else m_part   # (unused when not fused)
         saap_decode_kernel[(b * hkv, s)](
             qc, self.k, self.v, self.bucket_of, mask, self.off, self.idx, probed.to(torch.int32).contiguous(),
-            o_part, m_part, l_part, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
+            o_part, m_part, l_part, out, counter, self.max_len, self.layer.clusters, p, g, d, scale * LOG2E,
             *args, self.chunk, self.split, cap,
             BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
-            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
-        out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
-        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
+            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1", FUSE_MERGE=fuse)
+        if not fuse:
+            saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
         return out
 
     @property
