@@ -13,8 +13,10 @@
    and probes chosen for ~5% selectivity, against dense SDPA decode and FlexAttention decode
    (no mask) over the same cache, in the same run. Each step twice: the torch route (the
    reference: a dozen small launches before the kernel) and the fused route (one Triton launch,
-   `SaapDecoder(route="fused")`: 3 launches a step), CUDA-graph replay and eager; the fused
-   route alone; at 128K fused-route variants (buckets per route program).
+   `SaapDecoder(route="fused", merge="separate")`: 3 launches a step), and the fused route with
+   the merge folded into the decode kernel (`merge="fused"`: 2 launches a step), CUDA-graph
+   replay and eager; the fused route alone; the kernel alone with either merge; at 128K
+   fused-route variants (buckets per route program).
 
     python benchmarks/bench_saap.py                 # GPU; JSON to $OUT/saap.json when OUT is set
     python benchmarks/bench_saap.py --small         # CPU (TRITON_INTERPRET=1): tiny sizes
@@ -83,18 +85,26 @@ def check(dev, small: bool) -> list[dict]:
         layer = random_layer(hkv, c, d, seed=1)
         window = 8 if small else 128
         ref = saap_attention_reference(q, k, v, layer, 4, sink=1, window=window, prefill_len=prefill)
-        for route in ("torch", "fused"):
-            row = {"dtype": str(dtype).replace("torch.", ""), "route": route, "steps": n - prefill}
+        outs = {}
+        for route, merge in (("torch", "separate"), ("fused", "separate"), ("fused", "fused")):
+            row = {"dtype": str(dtype).replace("torch.", ""), "route": route, "merge": merge, "steps": n - prefill}
             try:
-                dec = SaapDecoder(layer.to(dev), 4, sink=1, window=window, max_len=n, rebuild_every=3, route=route)
+                dec = SaapDecoder(layer.to(dev), 4, sink=1, window=window, max_len=n, rebuild_every=3, route=route,
+                                  merge=merge)
                 dec.prefill(q[:, :, :prefill].to(dev), k[:, :, :prefill].to(dev), v[:, :, :prefill].to(dev))
-                err, looked_ok = 0.0, True
+                err, looked_ok, steps = 0.0, True, []
                 for i in range(prefill, n):
                     o = dec.decode(q[:, :, i:i + 1].to(dev), k[:, :, i:i + 1].to(dev), v[:, :, i:i + 1].to(dev))
+                    steps.append(o.cpu())
                     err = max(err, float((o.double().cpu() - ref.out[:, :, i:i + 1]).abs().max()))
                     looked_ok &= bool(torch.equal(dec.last_looked_up.cpu(), ref.looked_up[i]))
                 tol = 1e-3 if dtype == torch.float32 else 3e-2
                 row.update({"max_abs_err": err, "looked_up_exact": looked_ok, "ok": err < tol and looked_ok})
+                outs[route, merge] = torch.cat(steps, 2)
+                if merge == "fused" and (route, "separate") in outs:   # the same merge code: the same bits
+                    row["bit_identical_to_separate_merge"] = bool(torch.equal(outs[route, merge],
+                                                                              outs[route, "separate"]))
+                    row["ok"] &= row["bit_identical_to_separate_merge"]
             except Exception as e:  # noqa: BLE001 - the fused route is reported, the torch route stops the run
                 row.update({"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             print(f"check {row}")
@@ -192,11 +202,14 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         buckets = (perm % c).to(dev)
         layer = random_layer(hkv, c, d, hidden=256, seed=1, device=dev)
         dec = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split,
-                          route="torch")
+                          route="torch", merge="separate")
         dec.fill(k, v, buckets, n - 1)
         decf = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split,
-                           route="fused")
+                           route="fused", merge="separate")
         decf.fill(k, v, buckets, n - 1)
+        decm = SaapDecoder(layer, probes, sink=1, window=window, max_len=n, rebuild_every=1 << 30, split=split,
+                           route="fused", merge="fused")
+        decm.fill(k, v, buckets, n - 1)
         knew, vnew = k[:, :, n - 1:n].clone(), v[:, :, n - 1:n].clone()   # a new token's k, v (contiguous)
 
         def saap_step():
@@ -206,6 +219,10 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         def fused_step():
             decf.length = n - 1
             return decf.decode(q, knew, vnew)
+
+        def merged_step():
+            decm.length = n - 1
+            return decm.decode(q, knew, vnew)
 
         o = saap_step()
         looked = float(dec.last_looked_up.float().mean())
@@ -226,7 +243,20 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
             fused_error = f"{type(e).__name__}: {str(e)[:300]}"
             fused_same = {}
             print(f"fused route failed at {n}: {fused_error}")
+        merged_error = None
+        try:
+            om = merged_step()
+            merged_same = {"bit_identical_to_separate_merge": bool(torch.equal(om, of)) if not fused_error else None,
+                           "probed_equal": bool(torch.equal(decm._last_step[1].long(), probed)),
+                           "max_abs_diff_vs_torch_route": float((om.float() - o.float()).abs().max()),
+                           "counters_reset": not bool(decm._merge_counter.any())}
+            print(f"fused route + fused merge at {n}: {merged_same}")
+        except Exception as e:  # noqa: BLE001 - report and time the rest
+            merged_error = f"{type(e).__name__}: {str(e)[:300]}"
+            merged_same = {}
+            print(f"fused merge failed at {n}: {merged_error}")
         kernel_only = lambda: dec.attend(q, probed, mask, n - 1)  # noqa: E731
+        kernel_merged = lambda: decm.attend(q, probed, mask, n - 1)  # noqa: E731
         # the same selection, dense over the allowed keys, as a check at full size
         allowed = torch.zeros(1, hkv, n, dtype=torch.bool, device=dev)
         allowed[..., :1] = True
@@ -254,6 +284,11 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
             row["fused_error"] = fused_error
         else:
             row["fused_step_eager_ms"] = bench_ms(fused_step, reps)
+        row["fused_merge"] = merged_same
+        if merged_error:
+            row["fused_merge_error"] = merged_error
+        else:
+            row["merged_step_eager_ms"] = bench_ms(merged_step, reps)
         row["sdpa_dense_eager_ms"] = bench_ms(sdpa, reps)
         if flex_fn is not None and n in flex_contexts:
             try:
@@ -282,6 +317,15 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
             except Exception as e:  # noqa: BLE001
                 row["fused_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"fused timing failed at {n}: {row['fused_error']}")
+        if not merged_error:
+            try:
+                row["merged_step_ms"] = bench_ms(merged_step, reps, graph=True)
+                row["merged_kernel_ms"] = bench_ms(kernel_merged, reps, graph=True)
+                merged_step()   # after the timings: the counters must be back at 0
+                row["fused_merge"]["counters_reset_after_timing"] = not bool(decm._merge_counter.any())
+            except Exception as e:  # noqa: BLE001
+                row["fused_merge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"fused merge timing failed at {n}: {row['fused_merge_error']}")
         row["sdpa_dense_ms"] = bench_ms(sdpa, reps, graph=True)
         row["sdpa_enable_gqa_ms"] = bench_ms(sdpa_gqa, reps, graph=True)
         best = min(row["sdpa_dense_ms"], row["sdpa_enable_gqa_ms"])     # the faster SDPA form is the baseline
@@ -291,11 +335,15 @@ def timing(dev, small: bool, contexts: list[int], flex_contexts: set[int], reps:
         if "fused_step_ms" in row:
             row["speedup_fused_step_vs_sdpa"] = best / row["fused_step_ms"]
             row["fused_max_abs_err_vs_masked_sdpa"] = float((of.float() - ref).abs().max())
+        if "merged_step_ms" in row:
+            row["speedup_merged_step_vs_sdpa"] = best / row["merged_step_ms"]
+            row["speedup_merged_kernel_vs_sdpa"] = best / row["merged_kernel_ms"]
+            row["merged_max_abs_err_vs_masked_sdpa"] = float((om.float() - ref).abs().max())
         if bandwidth:
             row["dense_hbm_floor_ms"] = row["kv_bytes_dense"] / bandwidth * 1e3
         print(f"timing {row}")
         out.append(row)
-        del k, v, dec, decf
+        del k, v, dec, decf, decm
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -341,17 +389,27 @@ def main() -> None:
             report["recall_error"] = f"{type(e).__name__}: {e}"
             print(f"recall skipped: {report['recall_error']}")
     save()
-    print("\ncontext | probes | selectivity | torch-route step ms (eager) | fused step ms (eager) | fused route ms | "
-          "kernel ms | SDPA ms (MHA form / enable_gqa) | Flex ms | dense HBM floor ms | torch-route x | fused x | "
-          "kernel x")
+    print("\ncontext | probes | selectivity | torch-route step ms (eager) | fused step ms (eager) | "
+          "fused+merge step ms (eager) | fused route ms | kernel ms | kernel+merge ms | "
+          "SDPA ms (MHA form / enable_gqa) | Flex ms | dense HBM floor ms | torch-route x | fused x | fused+merge x | "
+          "kernel x | kernel+merge x")
     for r in report["timing"]:
         print(f"{r['context']} | {r['probes']} | {r['selectivity']:.3f} | {r['saap_step_ms']:.4f} "
               f"({r['saap_step_eager_ms']:.4f}) | {r.get('fused_step_ms', math.nan):.4f} "
-              f"({r.get('fused_step_eager_ms', math.nan):.4f}) | {r.get('fused_route_ms', math.nan):.4f} | "
-              f"{r['saap_kernel_ms']:.4f} | {r['sdpa_dense_ms']:.4f} / {r['sdpa_enable_gqa_ms']:.4f} | "
+              f"({r.get('fused_step_eager_ms', math.nan):.4f}) | {r.get('merged_step_ms', math.nan):.4f} "
+              f"({r.get('merged_step_eager_ms', math.nan):.4f}) | {r.get('fused_route_ms', math.nan):.4f} | "
+              f"{r['saap_kernel_ms']:.4f} | {r.get('merged_kernel_ms', math.nan):.4f} | "
+              f"{r['sdpa_dense_ms']:.4f} / {r['sdpa_enable_gqa_ms']:.4f} | "
               f"{r.get('flex_dense_ms', math.nan):.4f} | {r.get('dense_hbm_floor_ms', math.nan):.4f} | "
               f"{r['speedup_step_vs_sdpa']:.2f} | {r.get('speedup_fused_step_vs_sdpa', math.nan):.2f} | "
-              f"{r['speedup_kernel_vs_sdpa']:.2f}")
+              f"{r.get('speedup_merged_step_vs_sdpa', math.nan):.2f} | {r['speedup_kernel_vs_sdpa']:.2f} | "
+              f"{r.get('speedup_merged_kernel_vs_sdpa', math.nan):.2f}")
+    for r in report["timing"]:
+        print(f"{r['context']}: fused merge {r.get('fused_merge')} {r.get('fused_merge_error', '')}")
+    for r in report.get("check", []):
+        print(f"check {r['dtype']} route={r['route']} merge={r['merge']}: ok={r['ok']} "
+              f"err={r.get('max_abs_err', math.nan):.2e} bit_identical={r.get('bit_identical_to_separate_merge')} "
+              f"{r.get('error', '')}")
     for r in report.get("recall", []):
         print(f"recall L{r['layer']} probes {r['probes']}: saap {r['saap']['fraction_looked_up']:.3f} -> "
               f"{r['saap']['recall_topk']:.3f} | k-means {r['kmeans']['fraction_looked_up']:.3f} -> "
