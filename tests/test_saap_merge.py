@@ -54,7 +54,7 @@ def check(b, hkv, g, d, c, probes, split, dtype, route="torch", chunk=256, seed=
         assert torch.equal(looked_f[step], ref.looked_up[i]) and torch.equal(looked_s[step], ref.looked_up[i])
 
 
-@pytest.mark.parametrize("g", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("g", [1, 3, 8])     # 2 and 4: test_fused_merge_split, _bf16, _random
 def test_fused_merge_gqa(g):
     check(1, 2, g, 16, 6, 2, 1, torch.float32, seed=g)
 
@@ -69,7 +69,7 @@ def test_fused_merge_bf16_and_fused_route():
     check(1, 2, 8, 16, 8, 3, 1, torch.float32, route="fused", seed=4)
 
 
-@settings(max_examples=4, deadline=None, derandomize=True)
+@settings(max_examples=3, deadline=None, derandomize=True)
 @given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 8), c=st.integers(1, 8),
        split=st.integers(1, 3), bf16=st.booleans(), seed=st.integers(0, 1000), data=st.data())
 def test_fused_merge_random(b, hkv, g, c, split, bf16, seed, data):

@@ -109,7 +109,7 @@ def test_split_kernel_many_splits_equals_row_kernel_and_reference():
     gives the reference's set and the row kernel's set and threshold."""
     x = rows((1, 2, 2, 75), 11, "softmax")
     x[0, 1, 0, 3] = -0.5                                       # a negative score (zero mass)
-    for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (5,)),
+    for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (2,)),
                            (dict(p=0.9, iters=10), (5,)), (dict(p=0.7, chunk=4), (2,))):
         ref = select_reference(x, **kw)
         row = threshold_select(x, method="row", **kw)
