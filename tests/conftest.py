@@ -84,20 +84,3 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-# The test files that load the real SmolLM2 (`model_fixtures.smollm2()`, ~30 s per process): under
-# `pytest -n N --dist loadgroup` (the Makefile's test command) one worker runs all of them, so the
-# model is loaded once instead of once per worker.
-SMOLLM2_FILES = frozenset({
-    "test_eval_cli.py", "test_eval_patterns.py", "test_eval_quality.py", "test_eval_report.py",
-    "test_eval_text.py", "test_integration_transformers.py", "test_kascade_model.py",
-    "test_models_loading.py", "test_saap_train_cli.py",
-})
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in SMOLLM2_FILES:
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
