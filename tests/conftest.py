@@ -45,7 +45,7 @@ _NO_LUCK = dict(derandomize=True, deadline=None, print_blob=True, suppress_healt
 # Shrinking re-runs a failing test hundreds of times; with Triton kernels under the interpreter
 # that took 10 minutes once. CI reports the failing example as drawn instead (explicit, reuse
 # and generate phases only; reuse is a no-op without a database).
-settings.register_profile("ci", max_examples=100, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+settings.register_profile("ci", max_examples=50, phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           **_NO_LUCK)
 settings.register_profile("dev", max_examples=100, **_NO_LUCK)
 settings.register_profile("explore", max_examples=100, deadline=None, print_blob=True,
