@@ -9,6 +9,7 @@ one `error: ...` line, exit code 2. torch / transformers are imported inside the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,6 +35,18 @@ def _layers(text: str) -> list[int] | None:
 def _positive(value: int, what: str) -> None:
     if value < 1:
         raise TrainCommandError(f"{what} must be a positive integer, got {value}")
+
+
+def _text_ids(tokenizer: Any, text_path: Path | None, text_arg: str, tokens: int) -> list[int]:
+    """The first `tokens` token ids of --text: the built-in corpus (text_path None) or a file."""
+    from sas.evaluation.text import corpus_tokens   # deferred like the commands' other model imports
+
+    if text_path is None:
+        return corpus_tokens(tokenizer, tokens)
+    ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
+    if len(ids) < tokens:
+        raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    return ids
 
 
 @click.command(name="train", short_help="Fit Saap state (ops.partition) from a model's own queries and keys.")
@@ -78,7 +91,6 @@ def train(pattern: str, model_spec: str, text_arg: str, tokens: int, clusters: i
     # torch / transformers: optional heavy dependencies, imported once the arguments are valid.
     import torch
 
-    from sas.evaluation.text import corpus_tokens
     from sas.methods.saap_train import pattern_layout, train_state
     from sas.models import load_model, parse_device, resolve_model
 
@@ -89,12 +101,7 @@ def train(pattern: str, model_spec: str, text_arg: str, tokens: int, clusters: i
     parse_device(device)
     source = resolve_model(model_spec)
     model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)
-    if text_path is None:
-        ids = corpus_tokens(tokenizer, tokens)
-    else:
-        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
-        if len(ids) < tokens:
-            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    ids = _text_ids(tokenizer, text_path, text_arg, tokens)
     n_layers = int(model.config.num_hidden_layers)
     if layers is None:
         layers = list(range(1, n_layers)) or [0]
@@ -128,7 +135,6 @@ def align(model_spec: str, draft_arg: str, text_arg: str, tokens: int, device: s
         raise TrainCommandError(f"--text must be 'corpus' or a text file, got {text_arg!r} (not a file)")
     import torch
 
-    from sas.evaluation.text import corpus_tokens
     from sas.methods.specattn_align import (attention_maps, draft_name, layer_subset_model, make_alignment,
                                             parse_draft_layers)
     from sas.models import load_model, parse_device, read_config, resolve_model
@@ -137,12 +143,7 @@ def align(model_spec: str, draft_arg: str, text_arg: str, tokens: int, device: s
     source = resolve_model(model_spec)
     layers = parse_draft_layers(draft_arg, int(read_config(source).num_hidden_layers))
     model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)
-    if text_path is None:
-        ids = corpus_tokens(tokenizer, tokens)
-    else:
-        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
-        if len(ids) < tokens:
-            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    ids = _text_ids(tokenizer, text_path, text_arg, tokens)
     x = torch.tensor([ids], device=model.device)
     draft = layer_subset_model(model, layers)
     al = make_alignment(attention_maps(draft, x), attention_maps(model, x), source.name, draft_name(layers))
@@ -194,7 +195,6 @@ def calibrate(pattern: str, model_spec: str, text_arg: str, tokens: int, window:
                                 "pattern")
     import torch
 
-    from sas.evaluation.text import corpus_tokens
     from sas.methods.kascade_calibrate import calibrate as run_calibration
     from sas.models import load_model, parse_device, resolve_model
 
@@ -204,12 +204,7 @@ def calibrate(pattern: str, model_spec: str, text_arg: str, tokens: int, window:
     n_layers = int(model.config.num_hidden_layers)
     if anchors > n_layers:
         raise TrainCommandError(f"--anchors must be at most the model's {n_layers} layers, got {anchors}")
-    if text_path is None:
-        ids = corpus_tokens(tokenizer, tokens)
-    else:
-        ids = tokenizer(text_path.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:tokens]
-        if len(ids) < tokens:
-            raise TrainCommandError(f"--text {text_arg!r} has {len(ids)} tokens, fewer than --tokens {tokens}")
+    ids = _text_ids(tokenizer, text_path, text_arg, tokens)
     state = run_calibration(model, torch.tensor([ids], device=model.device), p, source.name, anchors=anchors,
                             window=window, tile=layer.tile)
     state.save(out)
