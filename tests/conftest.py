@@ -62,6 +62,21 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 # --- fixtures -----------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True, scope="session")
+def sas_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The dequantized-model cache (sas.model_cache) of this test run, unless SAS_MODEL_CACHE is
+    set: one folder shared by the run's xdist workers (their base temp folders' parent), so the
+    GGUF file is converted once per run and never into the user's ~/.cache."""
+    if os.environ.get("SAS_MODEL_CACHE"):
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["SAS_MODEL_CACHE"] = str(shared / "sas-models")
+    yield
+    os.environ.pop("SAS_MODEL_CACHE", None)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def sas_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Each test module compiles its kernels into its own fresh SAS_CACHE_DIR (restored after),
