@@ -150,7 +150,7 @@ def run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild_every, ma
 
 @pytest.mark.parametrize("b,hq,hkv,d,c,probes,sink,window,rebuild,chunk,split", [
     (1, 4, 2, 16, 8, 3, 1, 8, 3, 256, 1),     # GQA 2, index rebuilt mid-run, pending keys filtered
-    (2, 2, 2, 16, 6, 2, 2, 5, 100, 2, 1),     # MHA, two sinks, never rebuilt; window and pending in 2-key pieces
+    (2, 2, 2, 16, 6, 2, 2, 5, 100, 4, 1),     # MHA, two sinks, never rebuilt; window and pending in 4-key pieces
     (1, 6, 2, 16, 4, 4, 0, 6, 4, 3, 3),       # no sink; probes = C: the whole causal triangle; buckets in 3 pieces
 ])
 def test_kernel_matches_reference(b, hq, hkv, d, c, probes, sink, window, rebuild, chunk, split):
