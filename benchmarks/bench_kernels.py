@@ -213,7 +213,7 @@ def main() -> None:
             row["sas_prefill_ms"] = median_ms(lambda: kern(q, k, v), False, rep)
             dec_out = torch.empty_like(qd)
             row["sas_decode_ms"] = median_ms(
-                lambda: kern._decode("bench", qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
+                lambda: kern.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
             row["hbm_floor_decode_ms"] = 2 * C * H * D * 2 / bw * 1e3
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
@@ -247,7 +247,7 @@ def main() -> None:
                 row["flex_decode_ms"] = median_ms(lambda: flex(qd, k, v, block_mask=dbm, enable_gqa=True), True, rep)
             dec_out = torch.empty_like(qd)
             row["sas_decode_ms"] = median_ms(
-                lambda: kern._decode("bench", qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
+                lambda: kern.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
             row["hbm_floor_decode_ms"] = 2 * C * B * Hkv * D * 2 / bw * 1e3
             gqa_rows.append(row)
             print("GQA " + _fmt_gqa(row), flush=True)
@@ -289,7 +289,7 @@ def main() -> None:
                     kc.normal_()
                     vc.normal_()
                     dec_out = torch.empty_like(qd)
-                    ms = median_ms(lambda: kern._decode("bench", qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
+                    ms = median_ms(lambda: kern.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
                     sweep_rows.append({"pattern": name, "N": N, "config": f"decode B={B} Hq={Hq} {vname}",
                                        "sas_decode_ms": ms})
                     print(f"dsweep B={B:2d} {vname:9s} {name:22s} {ms:8.4f} ms", flush=True)

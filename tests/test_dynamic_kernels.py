@@ -196,3 +196,34 @@ def test_region_that_does_not_follow_the_static_part_is_refused():
 def test_budget_larger_than_region():
     with pytest.raises(SASError, match="budget"):
         SASAttnKernel(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), max_len=32)
+
+
+def test_device_position_step_equals_the_scalar_step():
+    """The kernels a CUDA graph replays (position read from `state.pos`, advanced on the device)
+    give the scalar path's outputs and held keys step for step; `static_keys` follows the
+    length (also when it is set back)."""
+    pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal() + Causal() * ~(Rect(cols=(0, 2)) + Diag(0, 4)) * Dynamic(
+        budget=3)
+    q, k, v = qkv(1, 4, 2, 24, 16, seed=11)
+    P = 9
+    want, want_held, _ = run_kernel(pattern, q, k, v, P)
+    q, k, v = (t.to(torch.float32) for t in (q, k, v))
+    ker = SASAttnKernel(pattern, max_len=64)
+    outs = [ker.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])]
+    held = [ker.dynamic.held_keys()]
+    rt = ker.dynamic.rt
+    rt.state.pos.fill_(P)
+    for i in range(P, q.shape[2]):
+        o = torch.empty_like(q[:, :, i:i + 1])
+        rt._device_step(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], o)
+        rt.length = i + 1
+        outs.append(o)
+        held.append(ker.dynamic.held_keys())
+    assert int(rt.state.pos) == q.shape[2]
+    assert held == want_held
+    torch.testing.assert_close(torch.cat(outs, 2).double(), want, rtol=0, atol=0)
+    cid = rt.kernels.cache_ids(torch.arange(24)).tolist()
+    for n in (24, 10, 17):
+        rt.length = n
+        expect = [max([j for j in range(n) if cid[j] == s], default=-1) for s in range(rt.kernels.STATIC_SIZE)]
+        assert rt.static_keys.tolist() == expect

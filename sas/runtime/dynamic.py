@@ -68,7 +68,7 @@ class DynamicRuntime:
 
     def reset(self) -> None:
         """Forget the sequence batch (a fresh `dynamic_host.Runtime` over the same kernels)."""
-        self.rt = dynamic_host.Runtime(self.mod, self.static_mod, self.rt.tables)
+        self.rt = dynamic_host.Runtime(self.mod, self.static_mod, self.rt.tables, graphs=self.rt.graphs)
 
     @property
     def cache_size(self) -> int:

@@ -71,6 +71,9 @@ class State:
         self.split_size = -(-blocks // ns) * self.block_n
         self.num_splits = max(1, -(-total // self.split_size))
         n = B * H * self.num_splits
+        #: the decode position in device memory, read by the kernels when a CUDA graph replays
+        #: the step (`pos_on_device`)
+        self.pos = torch.zeros(1, dtype=torch.int32 if kernels.MAX_LEN < 2 ** 31 else torch.int64, device=device)
         self.mpart = torch.empty(n, dtype=torch.float32, device=device)
         self.lpart = torch.empty(n, dtype=torch.float32, device=device)
         self.apart = torch.empty(n * D, dtype=torch.float32, device=device)
@@ -78,10 +81,12 @@ class State:
 
 
 def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-           pos: int, out: torch.Tensor, sm_scale: float | None = None, use_dot: bool | None = None) -> torch.Tensor:
+           pos: int, out: torch.Tensor, sm_scale: float | None = None, use_dot: bool | None = None,
+           pos_on_device: bool = False) -> torch.Tensor:
     """The attention of query `pos` (q [B, Hq, 1, D]; k_new, v_new [B, Hkv, 1, D]) over the
     static segment and the loaded pool slots; writes the new key, the raw scores and the row
-    statistics into `state` and the output into `out`."""
+    statistics into `state` and the output into `out`. `pos_on_device`: the kernel reads the
+    position from `state.pos` instead (what a CUDA graph of the step needs)."""
     B, H, _, D = q.shape
     Hkv = k_new.shape[1]
     group = H // Hkv
@@ -93,7 +98,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
     kc, vc = state.k, state.v
     kernels.ATTN_KERNEL[(state.num_splits, B * Hkv)](
         q, k_new, v_new, kc, vc, out, state.mpart, state.lpart, state.apart, state.sraw, state.acc,
-        state.flags, state.keys, state.new_pool, pos,
+        state.flags, state.keys, state.new_pool, pos, state.pos,
         q.stride(0), q.stride(1), q.stride(3),
         k_new.stride(0), k_new.stride(1), k_new.stride(3),
         v_new.stride(0), v_new.stride(1), v_new.stride(3),
@@ -104,7 +109,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
-        num_warps=kernels.NUM_WARPS, num_stages=2,
+        POS_PTR=bool(pos_on_device), num_warps=kernels.NUM_WARPS, num_stages=2,
     )
     if state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
@@ -115,16 +120,16 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
 
 
 def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tensor, enter_ptr: torch.Tensor,
-           enter_keys: torch.Tensor, *, score: bool, evict: bool) -> None:
+           enter_keys: torch.Tensor, *, score: bool, evict: bool, pos_on_device: bool = False) -> None:
     """Steps 1-4 of the update kernel after query `pos` (score: the fused chain accumulates;
-    evict: H2O eviction down to BUDGET)."""
+    evict: H2O eviction down to BUDGET; pos_on_device: read the position from `state.pos`)."""
     B, H, Hkv, D = state.shape
     group = H // Hkv
     kc, vc = state.k, state.v
     pool_pad = next_power_of_2(kernels.POOL_SIZE)
     kernels.UPDATE_KERNEL[(B * Hkv,)](
         state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
-        state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos,
+        state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos, state.pos,
         kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
         vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
         Hkv,
@@ -132,8 +137,54 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
         NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), HEAD_DIM=D,
         BLOCK=min(1024, pool_pad) if evict else 256, POOL_PAD=pool_pad if evict else 16,
         SCORE=bool(score), EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
-        MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)), num_warps=4,
+        MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
+        POS_PTR=bool(pos_on_device), num_warps=4,
     )
+
+
+class StepGraph:
+    """One decode step captured as a CUDA graph for one sequence batch and input shape: the
+    inputs are copied into the graph's own buffers, the kernels read the position from
+    `state.pos` (which the graph advances), and the output is copied out. The first step at a
+    shape runs the same kernels eagerly on those buffers (compiling them outside the capture);
+    every later step replays the graph: one graph launch plus four copies of host work instead
+    of three Triton launches."""
+
+    def __init__(self, runtime: Runtime, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        self.runtime = runtime
+        self.key = key
+        self.q = torch.empty_like(q, memory_format=torch.contiguous_format)
+        self.k = torch.empty_like(k, memory_format=torch.contiguous_format)
+        self.v = torch.empty_like(v, memory_format=torch.contiguous_format)
+        self.out = torch.empty_like(self.q)
+        self.graph: Any = None
+        self.pos_at: int | None = None       # the value state.pos holds, as far as the host knows
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
+        rt = self.runtime
+        st = rt.state
+        self.q.copy_(q)
+        self.k.copy_(k)
+        self.v.copy_(v)
+        if self.pos_at != pos:
+            st.pos.fill_(pos)
+        if self.graph is None:
+            rt._device_step(self.q, self.k, self.v, self.out)        # eager: compiles the kernels
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream(device=q.device)
+            stream.wait_stream(torch.cuda.current_stream(q.device))
+            with torch.cuda.stream(stream):                           # records the step; runs nothing
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    rt._device_step(self.q, self.k, self.v, self.out)
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream(q.device).wait_stream(stream)
+            self.graph = graph
+        else:
+            self.graph.replay()
+        self.pos_at = pos + 1
+        return self.out.clone()
 
 
 def top_mask(score: torch.Tensor, mask: torch.Tensor, b: int, key: torch.Tensor) -> torch.Tensor:
@@ -161,7 +212,8 @@ class Runtime:
     `start` and an `accumulate(runtime, q, pos)` callback to `decode`.
     """
 
-    def __init__(self, kernels: ModuleType, static_module: ModuleType | None, tables: Mapping[str, Any]):
+    def __init__(self, kernels: ModuleType, static_module: ModuleType | None, tables: Mapping[str, Any],
+                 graphs: bool = True):
         if kernels.STATIC_SIZE and static_module is None:
             raise ValueError("Runtime: the static part has cache slots; pass its decode module")
         missing = [n for n in TABLE_NAMES if n not in tables]
@@ -173,9 +225,27 @@ class Runtime:
         self._device_tables: dict[str, tuple[torch.Tensor, ...]] = {}
         self.state: State | None = None
         self.length = 0
-        #: the key each static slot holds (CPU int64; -1: empty)
-        self.static_keys = torch.full((kernels.STATIC_SIZE,), -1, dtype=torch.int64)
         self.shape: tuple | None = None
+        #: replay each CUDA decode step from a CUDA graph (fused chains without refresh; see decode)
+        self.graphs = bool(graphs)
+        self._graph: StepGraph | None = None
+        self._static_keys = torch.full((kernels.STATIC_SIZE,), -1, dtype=torch.int64)
+        self._static_upto = 0          # _static_keys covers the keys < _static_upto
+
+    @property
+    def static_keys(self) -> torch.Tensor:
+        """The key each static slot holds before query `length` (CPU int64; -1: empty): the
+        latest key j < length with cache_ids(j) == slot, brought up to date on demand."""
+        if self._static_upto > self.length:
+            self._static_keys.fill_(-1)
+            self._static_upto = 0
+        if self._static_upto < self.length and self.kernels.STATIC_SIZE:
+            j = torch.arange(self._static_upto, self.length, dtype=torch.int64)
+            cid = self.kernels.cache_ids(j).to(torch.int64)
+            ok = cid >= 0
+            self._static_keys.scatter_reduce_(0, cid[ok], j[ok], reduce="amax")
+        self._static_upto = self.length
+        return self._static_keys
 
     def device_tables(self, device: Any) -> tuple[torch.Tensor, ...]:
         """(region_last, enter_ptr, enter_keys) on `device`, for `update`."""
@@ -228,13 +298,13 @@ class Runtime:
         C = K.STATIC_SIZE
         st = State(K, B, H, Hkv, D, k.dtype, dev)
         scores = scores.to(torch.float32).reshape(B * Hkv, P)
-        static_keys = torch.full((C,), -1, dtype=torch.int64)
+        self._graph = None
+        self._static_keys.fill_(-1)
+        self._static_upto = 0
+        self.length = P
         if C:
             self.static_module.fill_cache(k, v, st.k[:, :, :C], st.v[:, :, :C])
-            j = torch.arange(P, dtype=torch.int64)
-            cid = K.cache_ids(j).to(torch.int64)
-            ok = cid >= 0
-            static_keys.scatter_reduce_(0, cid[ok], j[ok], reduce="amax")
+            static_keys = self.static_keys
             sel = (static_keys >= 0).nonzero()[:, 0]
             st.acc[:, sel.to(dev)] = scores[:, static_keys[sel].to(dev)]
         t = self.tables
@@ -257,8 +327,6 @@ class Runtime:
         pk[:, C:C + npool] = torch.where(valid[..., None], k.reshape(B * Hkv, P, D).gather(1, idx), 0)
         pv[:, C:C + npool] = torch.where(valid[..., None], v.reshape(B * Hkv, P, D).gather(1, idx), 0)
         self.state = st
-        self.static_keys = static_keys
-        self.length = P
         self.shape = (B, H, Hkv, D, k.dtype, dev)
         update(K, st, P - 1, *self.device_tables(dev), score=False, evict=False)
         if K.REFRESH and P < K.MAX_LEN:
@@ -277,19 +345,43 @@ class Runtime:
         if K.REDUCE is None and accumulate is None:
             raise ValueError("Runtime.decode: the score chain is not fused; pass accumulate=")
         st = self.state
-        out = torch.empty_like(q)
-        attend(K, st, q, k, v, pos, out)
-        if K.REDUCE is None:
-            accumulate(self, q, pos)
-        update(K, st, pos, *self.device_tables(q.device), score=K.REDUCE is not None, evict=not K.REFRESH)
-        if K.REFRESH and pos + 1 < K.MAX_LEN:
-            self.select(pos + 1)
-        if K.STATIC_SIZE:
-            s = int(K.cache_ids(torch.tensor(pos, dtype=torch.int64)))
-            if s >= 0:
-                self.static_keys[s] = pos
+        if self._graphable(q, accumulate):
+            out = self._graph_step(q, k, v, pos)
+        else:
+            out = torch.empty_like(q)
+            attend(K, st, q, k, v, pos, out)
+            if K.REDUCE is None:
+                accumulate(self, q, pos)
+            update(K, st, pos, *self.device_tables(q.device), score=K.REDUCE is not None, evict=not K.REFRESH)
+            if K.REFRESH and pos + 1 < K.MAX_LEN:
+                self.select(pos + 1)
         self.length = pos + 1
         return out
+
+    # --- CUDA graphs of the decode step ---------------------------------------------------------
+    def _graphable(self, q: torch.Tensor, accumulate: Any) -> bool:
+        """A step runs from a CUDA graph on CUDA for fused chains without refresh (the step is
+        then three kernels reading the position from device memory), unless a graph is being
+        captured around it already (the caller's graph then holds the kernels themselves)."""
+        K = self.kernels
+        return (self.graphs and q.is_cuda and K.REDUCE is not None and not K.REFRESH and accumulate is None
+                and not torch.cuda.is_current_stream_capturing())
+
+    def _graph_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
+        st = self.state
+        key = (id(st), tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, q.device)
+        g = self._graph
+        if g is None or g.key != key:
+            g = self._graph = StepGraph(self, key, q, k, v)
+        return g.step(q, k, v, pos)
+
+    def _device_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+        """The step's kernels with the position read from `state.pos` (then advanced there)."""
+        K = self.kernels
+        st = self.state
+        attend(K, st, q, k, v, 0, out, pos_on_device=True)
+        update(K, st, 0, *self.device_tables(q.device), score=True, evict=True, pos_on_device=True)
+        st.pos.add_(1)
 
     def select(self, i: int) -> None:
         """refresh=True: mark loaded the BUDGET held pool keys of region row i with the highest
@@ -326,4 +418,4 @@ class Runtime:
                 for b in range(B)]
 
 
-__all__ = ["Runtime", "State", "attend", "next_power_of_2", "num_splits_for", "top_mask", "update"]
+__all__ = ["Runtime", "State", "StepGraph", "attend", "next_power_of_2", "num_splits_for", "top_mask", "update"]
