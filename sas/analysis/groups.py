@@ -17,12 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from shapely import affinity
 from shapely.geometry.base import BaseGeometry
 
 from sas.analysis.columns import ColumnShapes
-from sas.ir.polygons import Lattice, lattice_geometry
-from sas.lang.pattern import Pattern
+from sas.ir.polygons import Lattice, runs_geometry
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,36 +54,42 @@ class Group:
                 f"{self.query_bounds if self.query_bounds is not None else ()}")
 
 
-def _profile(cols: ColumnShapes, s: int) -> bytes:
-    return np.packbits(cols.on[s]).tobytes() + int(cols.D[s]).to_bytes(8, "little", signed=True)
-
-
-def _translate(cols: ColumnShapes, a: int, b: int) -> bool:
-    """Are columns a and b (adjacent) shaped alike up to a one-row shift of their lower border?"""
-    ra, rb = cols.on[a], cols.on[b]
-    if not ra.any() and not rb.any():
-        return True
-    # Same number of runs and same start offsets: only the lower ends move (a straight border).
-    ea = np.flatnonzero(np.diff(np.concatenate([[0], ra.astype(np.int8), [0]])))
-    eb = np.flatnonzero(np.diff(np.concatenate([[0], rb.astype(np.int8), [0]])))
-    if len(ea) != len(eb):
-        return False
-    if len(ea) == 0:
-        return True
-    da = ea - eb
-    return bool(np.all(da[0::2] == da[0]) and np.all(np.abs(da[1::2] - da[1]) <= 0) and abs(int(da[1]) - int(da[0])) <= 1)
-
-
-def _runs(cols: ColumnShapes, start: int, stop: int) -> list[tuple[int, int]]:
-    out, a = [], start
-    for s in range(start + 1, stop + 1):
-        if s == stop or not _translate(cols, s - 1, s):
-            out.append((a, s))
-            a = s
+def _translates(cols: ColumnShapes, shapes: np.ndarray) -> np.ndarray:
+    """For consecutive shapes (shapes[k], shapes[k + 1]): are the two columns shaped alike up to
+    a one-row shift of their lower border (same number of runs, starts all moved by one amount,
+    stops by one amount, the two amounts at most one apart), over the window of D + 2Q rows?"""
+    m = len(shapes)
+    if m < 2:
+        return np.zeros(0, dtype=bool)
+    W = int(cols.D.max()) + 2 * cols.Q
+    r = cols.window_runs(shapes, np.zeros(m, np.int64), np.full(m, W, np.int64))
+    cnt, ptr = r.counts(), r.ptr
+    out = (cnt[:-1] == 0) & (cnt[1:] == 0)
+    pairs = np.flatnonzero((cnt[:-1] == cnt[1:]) & (cnt[:-1] > 0))
+    c = cnt[pairs]
+    rep = np.repeat(pairs, c)
+    within = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+    ia, ib = ptr[rep] + within, ptr[rep + 1] + within
+    ds = r.start[ia] - r.start[ib]
+    de = r.stop[ia] - r.stop[ib]
+    ds0, de0 = r.start[ptr[pairs]] - r.start[ptr[pairs + 1]], r.stop[ptr[pairs]] - r.stop[ptr[pairs + 1]]
+    at = np.searchsorted(pairs, rep)
+    bad = np.bincount(at[(ds != ds0[at]) | (de != de0[at])], minlength=len(pairs))
+    out[pairs] = (bad == 0) & (np.abs(de0 - ds0) <= 1)
     return out
 
 
-def decompose(pattern: Pattern, cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, ...]:
+def _runs(cols: ColumnShapes, start: int, stop: int) -> list[tuple[int, int]]:
+    """Maximal ranges of consecutive shapes in [start, stop) that are translates of each other."""
+    if stop <= start:
+        return []
+    ok = _translates(cols, np.arange(start, stop, dtype=np.int64))
+    cuts = start + 1 + np.flatnonzero(~ok)
+    edges = [start, *cuts.tolist(), stop]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def decompose(cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, ...]:
     T, P = cols.T, cols.P
     spans: list[tuple[int, int, int | None, str]] = []
     for a, b in _runs(cols, 0, min(T, n)):
@@ -102,16 +106,14 @@ def decompose(pattern: Pattern, cols: ColumnShapes, n: int, max_groups: int = 64
             spans.append((n - tail, n, None, "tail"))
     if len(spans) > max_groups:
         spans = spans[:max_groups]
+    depth = int(cols.D.max()) + 2 * cols.Q
     groups = []
     for k, (a, b, rep, kind) in enumerate(spans):
-        depth = int(cols.D.max()) + 2 * cols.Q
-        rows = np.arange(a, min(n, b + depth), dtype=np.int64)
+        # the attended cells of keys [a, b) on the rows [a, min(n, b + depth)), as column runs
         keys = np.arange(a, b, dtype=np.int64)
-        cells = np.asarray(pattern.evaluate(rows[:, None], keys[None, :]), dtype=bool)
-        poly, lat = lattice_geometry(cells)
-        if lat is not None:
-            lat = lat.shifted(a, a)
-        on_rows = np.flatnonzero(cells.any(axis=1))
-        bounds = (a + int(on_rows[0]), a + int(on_rows[-1]) + 1) if len(on_rows) else None
-        groups.append(Group(k, a, b, rep, kind, affinity.translate(poly, xoff=a, yoff=a), lat, bounds))
+        r = cols.window_runs(cols.shape_of(keys), np.zeros(len(keys), np.int64), min(n, b + depth) - keys)
+        x = keys[r.line]
+        poly, lat = runs_geometry(x, x + r.start, x + r.stop)
+        bounds = (int((x + r.start).min()), int((x + r.stop).max())) if len(x) else None
+        groups.append(Group(k, a, b, rep, kind, poly, lat, bounds))
     return tuple(groups)

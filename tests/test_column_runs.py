@@ -1,0 +1,111 @@
+"""Column shapes as runs (`sas.analysis.columns`, `sas.ir.line_runs`): exact against dense
+evaluation of the oracle, and length-independent for chunked attention with large chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import causal_patterns, patterns
+
+from analysis_checks import DenseColumns, brute_last_use
+from sas import Causal, Diag, Rect, analyze
+from sas.analysis.columns import column_shapes, upper_triangle_clear
+from sas.errors import AnalysisError
+from sas.ir.line_runs import COLUMN, ROW, line_runs
+from sas.ir.periodicity import structure
+
+
+def _dense(runs, n_lines: int, width: int) -> np.ndarray:
+    out = np.zeros((n_lines, width), dtype=bool)
+    for line, a, b in zip(runs.line, runs.start, runs.stop):
+        out[line, a:b] = True
+    return out
+
+
+def chunked(b: int):
+    return (Rect(size=(b, b)) >> Diag(0, 1)) * Causal()
+
+
+@settings(max_examples=150, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40), st.data())
+def test_line_runs_equal_the_mask(p, n: int, data) -> None:
+    m = p.to_mask(n)
+    bounds = st.lists(st.integers(0, n), min_size=n, max_size=n)
+    for axis in (COLUMN, ROW):
+        lo, hi = np.array(data.draw(bounds)), np.array(data.draw(bounds))
+        r = line_runs(p, axis, np.arange(n), lo, hi)
+        # sorted by line then start, disjoint, never touching, never empty
+        same = r.line[1:] == r.line[:-1]
+        assert np.all(np.diff(r.line) >= 0) and np.all(r.start[1:][same] > r.stop[:-1][same])
+        assert np.all(r.stop > r.start)
+        x = np.arange(n)[None, :]
+        want = (m.T if axis == COLUMN else m) & (x >= lo[:, None]) & (x < hi[:, None])
+        assert np.array_equal(_dense(r, n, n), want)
+
+
+def _check_shapes(p) -> None:
+    st_ = structure(p)
+    if not st_.periodic or upper_triangle_clear(p, st_) is not None:
+        return
+    cols, ref = column_shapes(p, st_), DenseColumns(p, st_)
+    assert np.array_equal(cols.ever_used, ref.ever_used)
+    assert np.array_equal(cols.forever, ref.forever)
+    s = np.arange(cols.n_shapes)
+    W = ref.on.shape[1]
+    x = np.arange(-1, 3 * W + 2 * cols.Q + 3)
+    S, X = np.meshgrid(s, x, indexing="ij")
+    assert np.array_equal(cols.last_d(S, X), ref.last_d(S, X))
+    X0 = np.maximum(X, 0)
+    assert np.array_equal(cols.next_d(S, X0), ref.next_d(S, X0))
+    assert np.array_equal(cols.first_used, np.where(ref.ever_used, np.argmax(ref.on, axis=1), -1))
+    finite = ~ref.forever
+    assert np.array_equal(cols.last_finite[finite], ref.last_upto[finite, -1])
+    for width in (W, W + 2 * cols.Q + 1):
+        got = _dense(cols.window_runs(s, np.zeros_like(s), np.full_like(s, width)), len(s), width)
+        assert np.array_equal(got, np.stack([ref.column(k, width) for k in s]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(causal_patterns(max_depth=4))
+def test_column_shapes_answer_like_dense_evaluation(p) -> None:
+    _check_shapes(p.restrict(1 << 20))
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=4), st.integers(1, 48))
+def test_last_use_matches_the_mask(p, n: int) -> None:
+    q = p.restrict(n)
+    st_ = structure(q)
+    if not st_.periodic:
+        return
+    cols = column_shapes(q, st_)
+    j = np.arange(n)
+    assert np.array_equal(cols.last_use(j, n), brute_last_use(p.to_mask(n)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40))
+def test_upper_triangle_check_is_exact(p, n: int) -> None:
+    q = p.restrict(1 << 20)
+    st_ = structure(q)
+    if not st_.periodic:
+        return
+    bad = upper_triangle_clear(q, st_)
+    upper = np.argwhere(np.triu(p.to_mask(n), 1))
+    if bad is None:
+        assert len(upper) == 0
+    else:
+        assert bool(q.evaluate(np.array(bad[0]), np.array(bad[1]))) and bad[1] > bad[0]
+        if len(upper):   # the first acausal cell in row-major order, when one lies inside n
+            assert tuple(upper[0]) == bad or bad[0] < upper[0][0] or (bad[0] == upper[0][0] and bad[1] < upper[0][1])
+
+
+def test_chunked_columns_are_one_run_each() -> None:
+    for b in (4, 16, 64, 8192):
+        p = chunked(b).restrict(1 << 20)
+        cols = column_shapes(p, structure(p))
+        assert cols.n_shapes == b and cols.n_runs == b
+        assert np.array_equal(cols.stop - cols.start, b - np.arange(b))
+        if b <= 64:
+            _check_shapes(p)
