@@ -8,6 +8,7 @@ and as Python AST expressions (for the synthesized functions).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,8 @@ class KeySet:
         return not self.boundary and not self.classes
 
     # ---- numeric -----------------------------------------------------------------------
-    def _tables(self):
+    @functools.cached_property
+    def _numeric(self):
         member = np.zeros(self.P, dtype=bool)
         member[list(self.classes)] = True
         idx = np.cumsum(member) - member          # rank of a class inside the period
@@ -46,7 +48,7 @@ class KeySet:
         return member, idx, cnt_lt, bmember, bidx
 
     def contains(self, j: np.ndarray) -> np.ndarray:
-        member, _, _, bmember, _ = self._tables()
+        member, _, _, bmember, _ = self._numeric
         j = np.asarray(j, dtype=np.int64)
         inner = member[np.maximum(j - self.T, 0) % self.P]
         outer = bmember[np.clip(j, 0, max(self.T - 1, 0))]
@@ -54,7 +56,7 @@ class KeySet:
 
     def rank(self, j: np.ndarray) -> np.ndarray:
         """Rank of members (undefined for non-members)."""
-        _, idx, _, _, bidx = self._tables()
+        _, idx, _, _, bidx = self._numeric
         j = np.asarray(j, dtype=np.int64)
         r = np.maximum(j - self.T, 0)
         inner = self.nb + (r // self.P) * self.k + idx[r % self.P]
@@ -71,7 +73,7 @@ class KeySet:
 
     def count_upto(self, i: np.ndarray) -> np.ndarray:
         """Number of members <= i."""
-        _, _, cnt_lt, bmember, _ = self._tables()
+        _, _, cnt_lt, bmember, _ = self._numeric
         i = np.asarray(i, dtype=np.int64)
         bcum = np.cumsum(bmember)
         y = np.maximum(i - self.T + 1, 0)

@@ -90,12 +90,17 @@ def _cycles(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p = nxt.copy()
     rounds = max(1, int(np.ceil(np.log2(max(n, 2)))) + 1)
     for _ in range(rounds):
-        label = np.minimum(label, label[p])
+        new = np.minimum(label, label[p])
+        if np.array_equal(new, label):   # constant along every orbit: the cycle minimum
+            break
+        label = new
         p = p[p]
     terminal = nxt == label                      # the element before the leader
     succ = np.where(terminal, np.arange(n, dtype=np.int64), nxt)
     dist = np.where(terminal, 0, 1).astype(np.int64)
     for _ in range(rounds):
+        if np.array_equal(succ[succ], succ):
+            break
         dist = dist + dist[succ]
         succ = succ[succ]
     return label, dist
@@ -203,6 +208,13 @@ class Lattice:
         return f"every {self.sx} key(s) x {self.sy} query(ies) from key {self.x0}, query {self.y0}"
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (without a sort when `a` is sorted already)."""
+    if len(a) > 1 and np.all(a[1:] >= a[:-1]):
+        return a[np.concatenate([[True], a[1:] != a[:-1]])]
+    return np.unique(a)
+
+
 def _axis_lattice(idx: np.ndarray) -> tuple[int, int]:
     """(step, first) of the coarsest arithmetic progression holding every index."""
     first = int(idx[0])
@@ -216,13 +228,13 @@ def runs_lattice(x: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> Lattice | Non
     if len(x) == 0:
         return None
     long = bool(np.any(y1 - y0 > 1))      # a run of two cells or more: no lattice along y
-    sy, first_row = (1, int(y0.min())) if long else _axis_lattice(np.unique(y0))
-    sx, first_col = _axis_lattice(np.unique(x))
+    sy, first_row = (1, int(y0.min())) if long else _axis_lattice(_distinct(y0))
+    sx, first_col = _axis_lattice(_distinct(x))
     if sx > 1 or sy > 1:
         return Lattice(sx, sy, first_col, first_row)
     if long:
         return None
-    sd, d0 = _axis_lattice(np.unique(y0 - x))
+    sd, d0 = _axis_lattice(_distinct(y0 - x))
     return Lattice(sd=sd, d0=d0) if sd > 1 else None
 
 
