@@ -61,6 +61,10 @@ def _check_shapes(p) -> None:
     assert np.array_equal(cols.first_used, np.where(ref.ever_used, np.argmax(ref.on, axis=1), -1))
     finite = ~ref.forever
     assert np.array_equal(cols.last_finite[finite], ref.last_upto[finite, -1])
+    # count_below: cells above each distance, against the unrolled dense column
+    dense = np.stack([ref.column(k, int(X0.max()) + 1) for k in s])
+    before = np.concatenate([np.zeros((len(s), 1), np.int64), np.cumsum(dense, axis=1)], axis=1)
+    assert np.array_equal(cols.count_below(S, X0), before[S, X0])
     for width in (W, W + 2 * cols.Q + 1):
         got = _dense(cols.window_runs(s, np.zeros_like(s), np.full_like(s, width)), len(s), width)
         assert np.array_equal(got, np.stack([ref.column(k, width) for k in s]))

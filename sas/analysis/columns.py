@@ -163,6 +163,14 @@ class ColumnShapes:
         """Per shape: last attended distance in [D, D + Q) (-1 if none)."""
         return np.where(self.forever, self.last_finite, -1)
 
+    @functools.cached_property
+    def _tail_full(self) -> np.ndarray:
+        """Per shape: is every distance of [D, D + Q) attended (one run covers the period)?"""
+        if self.n_runs == 0:
+            return np.zeros(self.n_shapes, dtype=bool)
+        last = np.maximum(self.ptr[1:] - 1, 0)
+        return self.ever_used & (self.start[last] <= self.D) & (self.stop[last] == self.H)
+
     # --- any distance --------------------------------------------------------------------------
     def last_d(self, shape: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Last attended distance d <= x in each column shape, -1 if none (x < 0: -1)."""
@@ -193,6 +201,32 @@ class ColumnShapes:
         ld = self.last_d(self.shape_of(j), n - 1 - j)
         return np.where(ld >= 0, j + ld, -1)
 
+    @functools.cached_property
+    def _cum(self) -> np.ndarray:
+        """Cells of the runs before each run (exclusive prefix sum over all runs)."""
+        return np.concatenate([[0], np.cumsum(self.stop - self.start)]).astype(_I64)
+
+    def _count_stored(self, shape: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Attended distances in [0, x) for 0 <= x <= H[shape]."""
+        if self.n_runs == 0:
+            return np.zeros(np.shape(x), dtype=_I64)
+        k = np.searchsorted(self._gstart, self._base[shape] + x, side="left") - 1   # last run starting below x
+        kk = np.maximum(k, 0)
+        got = self._cum[kk] - self._cum[self.ptr[shape]] + np.minimum(self.stop[kk], x) - self.start[kk]
+        return np.where(k >= self.ptr[shape], got, 0)
+
+    def count_below(self, shape: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """How many distances d in [0, x) each column shape attends (periodic tail included)."""
+        shape, x = np.broadcast_arrays(np.asarray(shape, dtype=_I64), np.maximum(np.asarray(x, dtype=_I64), 0))
+        D, H, Q = self.D[shape], self.H[shape], self.Q
+        inside = self._count_stored(shape, np.minimum(x, H))
+        far = x > H
+        m = np.where(far, (x - H) // Q, 0)
+        at_d = self._count_stored(shape, D)
+        per = self._count_stored(shape, H) - at_d
+        part = self._count_stored(shape, np.where(far, D + (x - H) % Q, D)) - at_d
+        return inside + np.where(far, m * per + part, 0)
+
     def window_runs(self, shape: np.ndarray, a: np.ndarray, b: np.ndarray) -> Runs:
         """Runs of attended distances in [a[k], b[k]) of shape[k] (periodic tails unrolled past
         H), one line per k; touching runs are joined."""
@@ -201,6 +235,9 @@ class ColumnShapes:
         lines, starts, stops = [], [], []
         # stored part: the runs of each shape clipped to [a, min(b, H))
         cnt = self.counts[shape]
+        if int(cnt.sum()) > RUN_LIMIT:
+            raise AnalysisError(f"the column shapes read over a window need {int(cnt.sum())} runs, more than "
+                                f"the limit {RUN_LIMIT} (the runs limit)")
         idx = np.repeat(np.arange(m, dtype=_I64), cnt)
         run = self.ptr[shape][idx] + np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
         hi = np.minimum(b, self.H[shape])
@@ -211,6 +248,12 @@ class ColumnShapes:
         D, H, Q = self.D[shape], self.H[shape], self.Q
         lo2 = np.maximum(a, H)
         want = self.forever[shape] & (b > lo2)
+        full = want & self._tail_full[shape]      # the tail is one run over the whole period
+        if full.any():
+            lines.append(np.flatnonzero(full).astype(_I64))
+            starts.append(lo2[full])
+            stops.append(b[full])
+        want &= ~full
         if want.any():
             w = np.flatnonzero(want)
             p0 = np.maximum(1, (lo2[w] - D[w]) // Q)

@@ -9,38 +9,68 @@ distinct shape, so the cuts are found without drawing the full-length polygon:
   are translates of each other (same run structure relative to the key) form one group;
 - the last keys, whose columns are cut short by the end of the sequence, form the tail.
 
-Each group carries the exact polygon (shapely) of its first occurrence.
+Each group carries the exact polygon (shapely) of its first occurrence, traced from the
+column runs on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 from shapely.geometry.base import BaseGeometry
 
 from sas.analysis.columns import ColumnShapes
-from sas.ir.polygons import Lattice, runs_geometry
+from sas.errors import AnalysisError
+from sas.ir.polygons import Lattice, lattice_polygon, runs_lattice
 
 
 @dataclass(frozen=True, eq=False)
 class Group:
+    """Keys [key_start, key_stop) (first occurrence) and their attended cells on the query rows
+    [key_start, row_stop). The cells (column runs), their lattice and their exact polygon are
+    derived from the column shapes on first use: a group of a long period can hold many cells,
+    and the analysis itself never needs them."""
+
     index: int
     key_start: int
     key_stop: int               # first occurrence: keys [key_start, key_stop)
     repeats: int | None         # the group recurs every `repeats` keys (None: once)
     kind: str                   # boundary | periodic | tail
-    polygon: BaseGeometry       # cells of the first occurrence (x = key, y = query)
-    #: with a lattice, the polygon covers each attended lattice point's cell (sx x sy)
-    lattice: Lattice | None = None
+    columns: ColumnShapes = field(repr=False)
+    row_stop: int = 0           # the rows of the first occurrence: [key_start, row_stop)
     #: first and last + 1 query row with an attended cell (None: no cell)
     query_bounds: tuple[int, int] | None = None
 
-    @property
+    def _keys(self) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.arange(self.key_start, self.key_stop, dtype=np.int64)
+        return keys, self.columns.shape_of(keys)
+
+    @functools.cached_property
+    def cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(key, first row, stop row) of every vertical run of attended cells (raises
+        `AnalysisError` past the runs limit)."""
+        keys, shapes = self._keys()
+        r = self.columns.window_runs(shapes, np.zeros(len(keys), np.int64), self.row_stop - keys)
+        x = keys[r.line]
+        return x, x + r.start, x + r.stop
+
+    @functools.cached_property
+    def lattice(self) -> Lattice | None:
+        """With a lattice, the polygon covers each attended lattice point's cell (sx x sy)."""
+        return runs_lattice(*self.cells)
+
+    @functools.cached_property
+    def polygon(self) -> BaseGeometry:
+        """The cells of the first occurrence (x = key, y = query), on the lattice if any."""
+        return lattice_polygon(*self.cells, self.lattice)
+
+    @functools.cached_property
     def area(self) -> int:
         """Attended cells of the first occurrence."""
-        per = self.lattice.cell_area if self.lattice is not None else 1
-        return int(round(self.polygon.area)) // per
+        keys, shapes = self._keys()
+        return int(self.columns.count_below(shapes, self.row_stop - keys).sum())
 
     @property
     def n_polygons(self) -> int:
@@ -48,9 +78,13 @@ class Group:
 
     def describe(self) -> str:
         rep = f", repeats every {self.repeats} keys" if self.repeats else ""
-        lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
+        try:
+            lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
+            shape = f"{self.n_polygons} polygon(s){lat}"
+        except AnalysisError:
+            shape = "polygons not drawn (more runs of cells than the runs limit)"
         return (f"group {self.index} ({self.kind}): keys [{self.key_start}, {self.key_stop}){rep}; "
-                f"{self.n_polygons} polygon(s){lat}, {self.area} cells, query bounds "
+                f"{shape}, {self.area} cells, query bounds "
                 f"{self.query_bounds if self.query_bounds is not None else ()}")
 
 
@@ -109,11 +143,14 @@ def decompose(cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, 
     depth = int(cols.D.max()) + 2 * cols.Q
     groups = []
     for k, (a, b, rep, kind) in enumerate(spans):
-        # the attended cells of keys [a, b) on the rows [a, min(n, b + depth)), as column runs
+        row_stop = min(n, b + depth)
         keys = np.arange(a, b, dtype=np.int64)
-        r = cols.window_runs(cols.shape_of(keys), np.zeros(len(keys), np.int64), min(n, b + depth) - keys)
-        x = keys[r.line]
-        poly, lat = runs_geometry(x, x + r.start, x + r.stop)
-        bounds = (int((x + r.start).min()), int((x + r.stop).max())) if len(x) else None
-        groups.append(Group(k, a, b, rep, kind, poly, lat, bounds))
+        shapes = cols.shape_of(keys)
+        # first and last attended rows below row_stop
+        first = cols.next_d(shapes, np.zeros(len(keys), np.int64))
+        first_ok = (first >= 0) & (keys + first < row_stop)
+        last = cols.last_d(shapes, row_stop - 1 - keys)
+        bounds = ((int((keys + first)[first_ok].min()), int((keys + last)[last >= 0].max()) + 1)
+                  if first_ok.any() else None)
+        groups.append(Group(k, a, b, rep, kind, cols, row_stop, bounds))
     return tuple(groups)

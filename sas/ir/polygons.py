@@ -173,7 +173,7 @@ def runs_polygon(x: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> BaseGeometry:
     kind = np.concatenate([np.zeros(len(shells), np.int64), np.ones(len(holes), np.int64)])
     o = np.lexsort((kind, poly_of))
     polys = shapely.polygons(rings[members[o]], indices=poly_of[o])
-    out = polys[0] if len(polys) == 1 else shapely.MultiPolygon(list(polys))
+    out = polys[0] if len(polys) == 1 else shapely.multipolygons(polys)
     # Where cells touch diagonally and the left turn still leaves one ring through the corner
     # twice (a hole touching its shell or another hole there), let GEOS split the ring.
     if np.any(two & (leader[cand] == leader[other])):
@@ -249,26 +249,31 @@ def _cells_to_runs(u: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return u[first], w[first], w[last] + 1
 
 
-def runs_geometry(x: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> tuple[BaseGeometry, Lattice | None]:
-    """The cells of the runs (x, [y0, y1)) as (polygon, lattice): with a lattice, the polygon
-    covers each attended lattice point's cell (an `sx x sy` box, or a parallelogram of area `sd`
-    spanning `sd` diagonals), so its area is cells x `cell_area`; without, it is
-    `runs_polygon(x, y0, y1)`."""
+def lattice_polygon(x: np.ndarray, y0: np.ndarray, y1: np.ndarray, lat: Lattice | None) -> BaseGeometry:
+    """The cells of the runs (x, [y0, y1)) as a polygon drawn on the lattice `lat` (which must
+    hold every cell; `runs_lattice`): each attended lattice point owns its cell (an `sx x sy`
+    box, or a parallelogram of area `sd` spanning `sd` diagonals), so the area is cells x
+    `cell_area`; without a lattice, `runs_polygon(x, y0, y1)`."""
     x, y0, y1 = (np.asarray(v, dtype=np.int64) for v in (x, y0, y1))
-    lat = runs_lattice(x, y0, y1)
     if lat is None:
-        return runs_polygon(x, y0, y1), None
+        return runs_polygon(x, y0, y1)
     if lat.sd == 1:
         u = (x - lat.x0) // lat.sx
         if lat.sy == 1:
             sub = (u, y0 - lat.y0, y1 - lat.y0)
         else:
             sub = _cells_to_runs(u, (y0 - lat.y0) // lat.sy)
-        return affinity.affine_transform(runs_polygon(*sub), [lat.sx, 0, 0, lat.sy, lat.x0, lat.y0]), lat
+        return affinity.affine_transform(runs_polygon(*sub), [lat.sx, 0, 0, lat.sy, lat.x0, lat.y0])
     # diagonal lattice: cell (i, j) -> (w = (i - j - d0) / sd, u = j), drawn on the (u, w) grid;
     # back: x = u, y = u + sd * w + d0 (a shear of determinant sd)
     sub = _cells_to_runs(x, (y0 - x - lat.d0) // lat.sd)
-    return affinity.affine_transform(runs_polygon(*sub), [1, 0, 1, lat.sd, 0, lat.d0]), lat
+    return affinity.affine_transform(runs_polygon(*sub), [1, 0, 1, lat.sd, 0, lat.d0])
+
+
+def runs_geometry(x: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> tuple[BaseGeometry, Lattice | None]:
+    """(`lattice_polygon`, lattice) of the cells of the runs (x, [y0, y1))."""
+    lat = runs_lattice(np.asarray(x, dtype=np.int64), np.asarray(y0, dtype=np.int64), np.asarray(y1, dtype=np.int64))
+    return lattice_polygon(x, y0, y1, lat), lat
 
 
 def mask_lattice(mask: np.ndarray) -> Lattice | None:
