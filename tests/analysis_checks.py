@@ -133,14 +133,16 @@ class DenseColumns:
         return np.where(x < 0, -1, ld + np.where(far & (ld >= D), x - xr, 0))
 
     def next_d(self, shape, x):
-        """First attended d >= x, -1 if none: read on the column unrolled far enough."""
+        """First attended d >= x, -1 if none: read on the columns unrolled far enough."""
         shape, x = np.broadcast_arrays(np.asarray(shape, dtype=np.int64), np.asarray(x, dtype=np.int64))
-        out = np.full(shape.shape, -1, dtype=np.int64)
-        for k in np.ndindex(shape.shape):
-            s, xx = int(shape[k]), int(x[k])
-            hits = np.flatnonzero(self.column(s, max(xx, 0) + self.on.shape[1] + self.Q)[max(xx, 0):])
-            out[k] = -1 if hits.size == 0 else max(xx, 0) + int(hits[0])
-        return out
+        x = np.maximum(x, 0)
+        width = int(x.max(initial=0)) + self.on.shape[1] + self.Q + 1
+        on = np.stack([self.column(s, width) for s in range(len(self.D))])
+        idx = np.where(on, np.arange(width)[None, :], -1)
+        big = np.where(idx >= 0, idx, width)
+        first_from = np.minimum.accumulate(big[:, ::-1], axis=1)[:, ::-1]      # first hit at >= d
+        out = first_from[shape, x]
+        return np.where(out >= width, -1, out)
 
     def last_use(self, j, n):
         j = np.asarray(j, dtype=np.int64)
@@ -153,3 +155,15 @@ class DenseColumns:
         D, Q, W = int(self.D[s]), self.Q, self.on.shape[1]
         dr = np.where(d >= W, D + Q + (d - D) % Q, d)
         return self.on[s, dr]
+
+
+def dense_upper_triangle(pattern, st):
+    """The first cell (i, j), j > i, in row-major order that the pattern attends among the rows
+    [0, T + P) and columns [0, max(T, T + P + Dh) + Qh + 1), or None (dense evaluation: the
+    reference of `sas.analysis.columns.upper_triangle_clear`)."""
+    rows = st.T + st.P
+    cols = max(st.T, rows + st.Dh) + st.Qh + 1
+    i = np.arange(rows, dtype=np.int64)[:, None]
+    j = np.arange(cols, dtype=np.int64)[None, :]
+    bad = np.asarray(pattern.evaluate(i, j), dtype=bool) & (j > i)
+    return tuple(int(v) for v in np.argwhere(bad)[0]) if bad.any() else None
