@@ -3,6 +3,8 @@ evaluation of the oracle, and length-independent for chunked attention with larg
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from strategies import causal_patterns, patterns
 from analysis_checks import DenseColumns, brute_last_use, dense_upper_triangle
 from sas import Causal, Diag, Rect, analyze
 from sas.analysis.columns import column_shapes, upper_triangle_clear
+import sas.ir.line_runs as line_runs_module
 from sas.ir.line_runs import COLUMN, ROW, line_runs
 from sas.ir.periodicity import structure
 
@@ -20,6 +23,21 @@ def _dense(runs, n_lines: int, width: int) -> np.ndarray:
     for line, a, b in zip(runs.line, runs.start, runs.stop):
         out[line, a:b] = True
     return out
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in ((a.line, b.line), (a.start, b.start), (a.stop, b.stop)))
+
+
+@contextlib.contextmanager
+def run_algebra_only():
+    """Within: no window is small enough to be evaluated cell by cell (line_runs.DENSE_CELLS)."""
+    old = line_runs_module.DENSE_CELLS
+    line_runs_module.DENSE_CELLS = 0
+    try:
+        yield
+    finally:
+        line_runs_module.DENSE_CELLS = old
 
 
 def chunked(b: int):
@@ -33,7 +51,8 @@ def test_line_runs_equal_the_mask(p, n: int, data) -> None:
     bounds = st.lists(st.integers(0, n), min_size=n, max_size=n)
     for axis in (COLUMN, ROW):
         lo, hi = np.array(data.draw(bounds)), np.array(data.draw(bounds))
-        r = line_runs(p, axis, np.arange(n), lo, hi)
+        r = line_runs(p, axis, np.arange(n), lo, hi, dense_cells=0)
+        assert _same(r, line_runs(p, axis, np.arange(n), lo, hi))      # the cell-by-cell path
         # sorted by line then start, disjoint, never touching, never empty
         same = r.line[1:] == r.line[:-1]
         assert np.all(np.diff(r.line) >= 0) and np.all(r.start[1:][same] > r.stop[:-1][same])
@@ -50,7 +69,9 @@ def _periodic_causal(p) -> bool:
 
 def _check_shapes(p) -> None:
     st_ = structure(p)
-    cols, ref = column_shapes(p, st_), DenseColumns(p, st_)
+    with run_algebra_only():
+        cols = column_shapes(p, st_)
+    ref = DenseColumns(p, st_)
     assert np.array_equal(cols.ever_used, ref.ever_used)
     assert np.array_equal(cols.forever, ref.forever)
     s = np.arange(cols.n_shapes)
@@ -86,7 +107,8 @@ def test_last_use_matches_the_mask(p, n: int) -> None:
     q = p.restrict(n)
     st_ = structure(q)
     assume(st_.periodic)
-    cols = column_shapes(q, st_)
+    with run_algebra_only():
+        cols = column_shapes(q, st_)
     j = np.arange(n)
     assert np.array_equal(cols.last_use(j, n), brute_last_use(p.to_mask(n)))
 
@@ -97,8 +119,9 @@ def test_upper_triangle_check_is_exact(p, n: int) -> None:
     q = p.restrict(1 << 20)
     st_ = structure(q)
     assume(st_.periodic)
-    bad = upper_triangle_clear(q, st_)
-    assert bad == dense_upper_triangle(q, st_)
+    with run_algebra_only():
+        bad = upper_triangle_clear(q, st_)
+    assert bad == dense_upper_triangle(q, st_) == upper_triangle_clear(q, st_)
     if not np.triu(p.to_mask(n), 1).any():
         assert bad is None or bad[1] >= n
 

@@ -163,7 +163,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             else:
                 scheme = greedy_table(cols.last_use(np.arange(n), n))
                 notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
-        events = derive_events(cols)
+        events = derive_events(cols) if size > 0 else ()
     else:
         if n > TABLE_LIMIT:
             raise AnalysisError(

@@ -24,6 +24,10 @@ from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 COLUMN, ROW = 0, 1
+#: Windows of at most this many cells (lines x longest range) are evaluated cell by cell with
+#: `Pattern.evaluate` and read back as runs: for a small window one pass over the tree costs
+#: less than the run algebra's many small steps.
+DENSE_CELLS = 1 << 15
 #: Most runs one step of `line_runs` builds (each run costs 24 bytes, its sort about as much
 #: again); the message names the pattern and the numbers when a pattern needs more.
 RUN_LIMIT = 1 << 24
@@ -64,9 +68,10 @@ def _empty(n_lines: int) -> Runs:
 class _Context:
     """The pattern being analysed (for messages) and the running limit check."""
 
-    def __init__(self, pattern: Pattern, limit: int):
+    def __init__(self, pattern: Pattern, limit: int, dense_cells: int):
         self.pattern = pattern
         self.limit = limit
+        self.dense_cells = dense_cells
 
     def check(self, count: int, what: str) -> None:
         if count > self.limit:
@@ -78,14 +83,32 @@ class _Context:
 
 
 def line_runs(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
-              limit: int = RUN_LIMIT) -> Runs:
+              limit: int = RUN_LIMIT, dense_cells: int | None = None) -> Runs:
     """Runs of attended cells on each line (module doc); `fixed`, `lo`, `hi` are int64 arrays of
-    one length with `fixed >= 0` and `0 <= lo`. Raises `AnalysisError` past `limit` runs."""
+    one length with `fixed >= 0` and `0 <= lo`. Raises `AnalysisError` past `limit` runs.
+    A window of at most `dense_cells` cells (default `DENSE_CELLS`) is evaluated cell by cell."""
     fixed, lo, hi = (np.asarray(x, dtype=_I64).reshape(-1) for x in (fixed, lo, hi))
     if axis not in (COLUMN, ROW):
         raise ValueError(f"line_runs: axis must be COLUMN or ROW, got {axis!r}")
+    ctx = _Context(pattern, limit, DENSE_CELLS if dense_cells is None else dense_cells)
     # the equal pattern with parameters within the index range (no overflow below)
-    return _runs(pattern._index_safe, axis, fixed, np.maximum(lo, 0), hi, _Context(pattern, limit))
+    return _runs(pattern._index_safe, axis, fixed, np.maximum(lo, 0), hi, ctx)
+
+
+def _dense(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: int) -> Runs:
+    """`line_runs` by evaluating every cell of the window (small windows)."""
+    m = len(fixed)
+    if m == 0 or width <= 0:
+        return _empty(m)
+    x = lo[:, None] + np.arange(width, dtype=_I64)[None, :]
+    on = x < hi[:, None]
+    xs = np.minimum(x, np.maximum(hi - 1, lo)[:, None])
+    i, j = (xs, fixed[:, None]) if axis == COLUMN else (fixed[:, None], xs)
+    on &= np.asarray(pattern.evaluate(i, j), dtype=bool)
+    padded = np.zeros((m, width + 2), dtype=np.int8)
+    padded[:, 1:-1] = on
+    line, edge = np.nonzero(np.diff(padded, axis=1))
+    return Runs(line[0::2].astype(_I64), lo[line[0::2]] + edge[0::2], lo[line[1::2]] + edge[1::2], m)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -189,6 +212,9 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     m = len(fixed)
     if m == 0:
         return _empty(0)
+    width = int((hi - lo).max())
+    if m * width <= ctx.dense_cells:
+        return _dense(p, axis, fixed, lo, hi, width)
     if isinstance(p, Dynamic):
         return _merge_adjacent(np.arange(m, dtype=_I64), lo, hi, m)
     if isinstance(p, Diag):
@@ -338,4 +364,4 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     return from_disjoint(line[keep], a[keep], b[keep], m)
 
 
-__all__ = ["COLUMN", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs"]
+__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs"]
