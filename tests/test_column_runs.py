@@ -159,3 +159,14 @@ def test_chunked_attention_with_large_chunks_at_a_million_tokens() -> None:
         first = a.groups[0]
         assert (first.kind, first.key_start, first.key_stop, first.repeats) == ("periodic", 0, b, b)
         assert first.area == b * (b + 1) // 2 and first.query_bounds == (0, b)
+
+
+def test_a_band_of_2_40_tokens_is_one_run_per_column() -> None:
+    """A band wider than any dense window (refused before runs): the dynamic plan without
+    max_len reads its region's columns as one run each."""
+    from sas import Dynamic
+    from sas.dynamic.plan import FOREVER, plan_dynamic
+
+    split = plan_dynamic(Diag(0, 2**40) * Causal() + Diag(2**40, None) * Causal() * Dynamic(4))
+    assert split.columns.n_runs == split.columns.n_shapes == 1
+    assert split.columns.first_used[0] == 2**40 and split.region_last_use(np.array([7]))[0] == FOREVER
