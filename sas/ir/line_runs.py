@@ -54,10 +54,8 @@ class Runs:
         return np.searchsorted(self.line, np.arange(self.n_lines + 1, dtype=_I64)).astype(_I64)
 
     def counts(self) -> np.ndarray:
+        """Runs per line."""
         return np.bincount(self.line, minlength=self.n_lines).astype(_I64)
-
-    def cells(self) -> int:
-        return int((self.stop - self.start).sum())
 
 
 def _empty(n_lines: int) -> Runs:
