@@ -53,6 +53,7 @@ def _timed(pattern, n: int) -> tuple[str, float, str]:
         dt = time.perf_counter() - t0
         msg = str(e)
         kind = ("empty" if "attends no key" in msg else "refused: window limit" if "window of" in msg
+                else "refused: runs limit" if "runs limit" in msg or "shapes limit" in msg
                 else "refused: no periodic description" if "periodic description" in msg
                 else "refused: no closed form" if "no closed-form" in msg else "refused: other")
         return kind, dt, msg[:160]
@@ -97,6 +98,10 @@ HARD = {
     "strided window Diag(0, 1024, stride=4)": lambda: Diag(0, 1024, stride=4) * Causal(),
     **{f"chunked attention B={b}": (lambda b=b: (Rect(size=(b, b)) >> Diag(0, 1)) * Causal())
        for b in (1024, 2048, 4096, 8192, 65536)},
+    "chunked attention B=65536 + 4 sinks": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
+                                                    + Rect(cols=(0, 4))) * Causal(),
+    "chunked attention B=65536 + window 1024": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
+                                                        + Diag(0, 1024)) * Causal(),
     "two-scale block-local with strides": lambda: ((Rect(size=(64, 64)) >> Diag(0, 2))
                                                    + (Rect(size=(16, 16)) >> Diag(0, 4)) * Rect(stride=(1, 2)))
                                                   * Causal(),

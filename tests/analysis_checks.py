@@ -92,3 +92,78 @@ def c_semantics_functions(analysis) -> dict:
     ns: dict = {"_cdiv": _cdiv, "_cmod": _cmod}
     exec(compile(mod, "<c-style>", "exec"), ns)
     return ns
+
+
+class DenseColumns:
+    """The column shapes evaluated cell by cell (the analyzer's former representation): the
+    reference `sas.analysis.columns.ColumnShapes` (runs) is checked against. Shape s, distance
+    d < W: `on[s, d] = M(key_s + d, key_s)`, W = max(D) + 2Q."""
+
+    def __init__(self, pattern, st) -> None:
+        T, P, Q = st.T, st.P, st.Qv
+        keys = np.concatenate([np.arange(T), T + np.arange(P)]).astype(np.int64)
+        self.T, self.P, self.Q = T, P, Q
+        self.D = np.concatenate([np.maximum(T - np.arange(T), st.Dv), np.full(P, st.Dv)]).astype(np.int64)
+        W = int(self.D.max()) + 2 * Q
+        d = np.arange(W, dtype=np.int64)
+        self.on = np.asarray(pattern.evaluate(keys[:, None] + d[None, :], keys[:, None]), dtype=bool)
+        self.last_upto = np.maximum.accumulate(np.where(self.on, d[None, :], -1), axis=1)
+
+    def shape_of(self, j):
+        j = np.asarray(j, dtype=np.int64)
+        return np.where(j < self.T, j, self.T + (j - self.T) % self.P)
+
+    @property
+    def ever_used(self):
+        return self.on.any(axis=1)
+
+    @property
+    def forever(self):
+        d = np.arange(self.on.shape[1])[None, :]
+        tail = (d >= self.D[:, None]) & (d < self.D[:, None] + self.Q)
+        return (self.on & tail).any(axis=1)
+
+    def last_d(self, shape, x):
+        shape, x = np.broadcast_arrays(np.asarray(shape, dtype=np.int64), np.asarray(x, dtype=np.int64))
+        W = self.on.shape[1]
+        D, Q = self.D[shape], self.Q
+        far = x >= W
+        xr = np.where(far, D + Q + (x - D) % Q, np.clip(x, 0, W - 1))
+        ld = self.last_upto[shape, xr]
+        return np.where(x < 0, -1, ld + np.where(far & (ld >= D), x - xr, 0))
+
+    def next_d(self, shape, x):
+        """First attended d >= x, -1 if none: read on the columns unrolled far enough."""
+        shape, x = np.broadcast_arrays(np.asarray(shape, dtype=np.int64), np.asarray(x, dtype=np.int64))
+        x = np.maximum(x, 0)
+        width = int(x.max(initial=0)) + self.on.shape[1] + self.Q + 1
+        on = np.stack([self.column(s, width) for s in range(len(self.D))])
+        idx = np.where(on, np.arange(width)[None, :], -1)
+        big = np.where(idx >= 0, idx, width)
+        first_from = np.minimum.accumulate(big[:, ::-1], axis=1)[:, ::-1]      # first hit at >= d
+        out = first_from[shape, x]
+        return np.where(out >= width, -1, out)
+
+    def last_use(self, j, n):
+        j = np.asarray(j, dtype=np.int64)
+        ld = self.last_d(self.shape_of(j), n - 1 - j)
+        return np.where(ld >= 0, j + ld, -1)
+
+    def column(self, s: int, width: int) -> np.ndarray:
+        """on[s, :width], unrolled periodically past W."""
+        d = np.arange(width, dtype=np.int64)
+        D, Q, W = int(self.D[s]), self.Q, self.on.shape[1]
+        dr = np.where(d >= W, D + Q + (d - D) % Q, d)
+        return self.on[s, dr]
+
+
+def dense_upper_triangle(pattern, st):
+    """The first cell (i, j), j > i, in row-major order that the pattern attends among the rows
+    [0, T + P) and columns [0, max(T, T + P + Dh) + Qh + 1), or None (dense evaluation: the
+    reference of `sas.analysis.columns.upper_triangle_clear`)."""
+    rows = st.T + st.P
+    cols = max(st.T, rows + st.Dh) + st.Qh + 1
+    i = np.arange(rows, dtype=np.int64)[:, None]
+    j = np.arange(cols, dtype=np.int64)[None, :]
+    bad = np.asarray(pattern.evaluate(i, j), dtype=bool) & (j > i)
+    return tuple(int(v) for v in np.argwhere(bad)[0]) if bad.any() else None

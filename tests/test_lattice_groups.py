@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from strategies import causal_patterns
 
 from sas import Causal, Diag, Rect, analyze
-from sas.ir.polygons import Lattice, lattice_geometry, mask_lattice
+from sas.ir.polygons import Lattice, lattice_geometry, mask_lattice, mask_polygon, runs_polygon
 
 
 def _cells(poly, lat: Lattice | None, shape: tuple[int, int]) -> np.ndarray:
@@ -66,3 +66,27 @@ def test_random_masks_round_trip(p, n: int) -> None:
     m = np.asarray(p.to_mask(n), dtype=bool)
     if m.any():
         _check(m)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.floats(0.1, 0.9), st.integers(0, 2**32 - 1))
+def test_traced_polygon_is_the_valid_union_of_the_cells(h: int, w: int, density: float, seed: int) -> None:
+    """mask_polygon traces the boundary of the cells (rings linked at diagonal touches,
+    holes given to their shells): a valid geometry equal to the union of one box per cell,
+    with as many polygons as shapely's union makes."""
+    m = np.random.default_rng(seed).random((h, w)) < density
+    g = mask_polygon(m)
+    i, j = np.nonzero(m)
+    union = shapely.union_all(shapely.box(j, i, j + 1, i + 1)) if len(i) else shapely.Polygon()
+    assert g.is_valid and round(g.area) == m.sum()
+    assert g.symmetric_difference(union).area == 0
+    assert len(getattr(g, "geoms", [g])) == len(getattr(union, "geoms", [union]))
+
+
+def test_staircase_of_chunked_attention_is_one_polygon() -> None:
+    """A chunk's triangle of 4096 columns: one shell whose corners are the staircase's."""
+    b = 4096
+    x = np.arange(b)
+    g = runs_polygon(x, x, np.full(b, b))
+    assert g.geom_type == "Polygon" and g.is_valid and round(g.area) == b * (b + 1) // 2
+    assert len(g.exterior.coords) == 2 * b + 3       # 2b + 2 corners, closed

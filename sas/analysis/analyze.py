@@ -163,7 +163,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             else:
                 scheme = greedy_table(cols.last_use(np.arange(n), n))
                 notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
-        events = derive_events(cols)
+        events = derive_events(cols) if size > 0 else ()
     else:
         if n > TABLE_LIMIT:
             raise AnalysisError(
@@ -187,7 +187,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             f"selection (budget {', '.join(str(d.budget) for d in dyn)}) is handled by sas.dynamic")
     if size <= 0:
         raise EmptyPatternError(f"analyze: pattern {user_pattern!r} attends no key within max_len={n}: it is empty")
-    groups = decompose(pattern, cols, n) if cols is not None else ()
+    groups = decompose(cols, n) if cols is not None else ()
     # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
     mod, tables = synthesize(user_pattern, scheme, n)
     fns = compile_functions(mod)

@@ -86,45 +86,147 @@ class CacheEvent:
         return f"{self.kind:8s} {self.keys_text()}: {rng}{rep}{anchor}"
 
 
-def _edges(row: np.ndarray, start: int, stop: int) -> list[int]:
-    seg = row[start:stop].astype(np.int8)
-    return [start + int(e) for e in np.flatnonzero(np.diff(np.concatenate([[0], seg, [0]])))]
+@dataclass(frozen=True, eq=False)
+class _Borders:
+    """Per column shape, the borders its events are made of (vectorized over shapes).
+
+    A used shape's `dist[ptr[s]:ptr[s + 1]]` lists its head borders (start, stop of each run
+    before D, or of the runs up to D for a column attended forever; a strided run of >= 3
+    equal runs at equal gaps is one `every` range: its first start and last stop), then its
+    tail borders (the runs inside one period [D, D + Q), forever columns only)."""
+
+    used: np.ndarray
+    forever: np.ndarray
+    n_head: np.ndarray
+    n_tail: np.ndarray
+    D: np.ndarray           # D of forever shapes, -1 for the others
+    every_p: np.ndarray     # (gap, width) of a strided head, 0 when none
+    every_w: np.ndarray
+    ptr: np.ndarray
+    dist: np.ndarray
+
+    def key(self, s: int) -> tuple:
+        every = (int(self.every_p[s]), int(self.every_w[s])) if self.every_p[s] else None
+        return (bool(self.forever[s]), int(self.n_head[s]), int(self.n_tail[s]),
+                int(self.D[s]) if self.forever[s] else None, every)
+
+    def borders(self, s: int) -> list[int]:
+        return [int(x) for x in self.dist[self.ptr[s]:self.ptr[s + 1]]]
 
 
-def _shape(cols: ColumnShapes, s: int) -> tuple[tuple, list[int]]:
-    """(structure key, border distances) of column shape s."""
-    forever = bool(cols.forever[s])
-    D = int(cols.D[s])
-    head = _edges(cols.on[s], 0, D if forever else cols.on.shape[1])
-    tail = _edges(cols.on[s], D, D + cols.Q) if forever else []
-    every = None
-    starts, ends = head[0::2], head[1::2]
-    if len(starts) >= 3:
-        widths = {b - a for a, b in zip(starts, ends)}
-        gaps = {b - a for a, b in zip(starts, starts[1:])}
-        if len(widths) == 1 and len(gaps) == 1:   # a strided run: one event, not one per row
-            every = (gaps.pop(), widths.pop())
-            head = [starts[0], ends[-1]]
-    return (forever, len(head), len(tail), D if forever else None, every), head + tail
+def _segment_all_equal(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
+    """Per segment id in [0, n): are all its values equal (True for empty segments)."""
+    if len(values) == 0:
+        return np.ones(n, dtype=bool)
+    lo = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, seg, values)
+    np.maximum.at(hi, seg, values)
+    return (lo == hi) | (lo > hi)
 
 
-def _merge_interior(cols: ColumnShapes) -> list[tuple[list[int], tuple, list[Bound]]]:
-    """Consecutive interior classes whose borders agree under a common anchor per border."""
-    out: list[tuple[list[int], tuple, list[set[Bound]]]] = []
-    for r in range(cols.P):
-        s = cols.T + r
-        if not cols.on[s].any():
-            continue
-        key, dist = _shape(cols, s)
-        cands = [{Bound(KEY, d), Bound(PERIOD, d + r)} for d in dist]
-        if out and out[-1][1] == key:
-            merged = [a & b for a, b in zip(out[-1][2], cands)]
-            if all(merged):
-                out[-1][0].append(r)
-                out[-1] = (out[-1][0], key, merged)
-                continue
-        out.append(([r], key, cands))
-    return [(rs, key, [min(c, key=lambda b: b.anchor != KEY) for c in cs]) for rs, key, cs in out]
+def _borders(cols: ColumnShapes) -> _Borders:
+    S = cols.n_shapes
+    rs, a, b = cols.run_shape, cols.start, cols.stop
+    fv, D = cols.forever[rs], cols.D[rs]
+    # head pieces: the runs (clipped to [0, D) for forever columns); tail pieces: the runs in [D, D + Q)
+    hb = np.where(fv, np.minimum(b, D), b)
+    hk = hb > a
+    ha, hb, hs = a[hk], hb[hk], rs[hk]
+    tk = fv & (b > D)
+    ta, tb, ts = np.maximum(a, D)[tk], b[tk], rs[tk]
+    nh = np.bincount(hs, minlength=S)
+    nt = np.bincount(ts, minlength=S)
+    # a strided head: >= 3 pieces of one width at one gap
+    same = np.flatnonzero(hs[1:] == hs[:-1])
+    every = (nh >= 3) & _segment_all_equal(hb - ha, hs, S) & _segment_all_equal(ha[1:][same] - ha[:-1][same], hs[1:][same], S)
+    hptr = np.concatenate([[0], np.cumsum(nh)])
+    first = np.minimum(hptr[:-1], max(len(ha) - 1, 0))
+    last = np.maximum(hptr[1:] - 1, 0)
+    every_w = np.where(every, (hb - ha)[first] if len(ha) else 0, 0)
+    every_p = np.where(every, (ha[np.minimum(first + 1, max(len(ha) - 1, 0))] - ha[first]) if len(ha) else 0, 0)
+    # border lists: head (every: [first start, last stop]), then tail
+    keep = ~every[hs] | (np.arange(len(ha)) == first[hs]) | (np.arange(len(ha)) == last[hs])
+    hv = np.stack([ha, hb], axis=1)
+    if every.any():   # an every head keeps the first piece's start and the last piece's stop
+        e = every[hs]
+        hv[e & (np.arange(len(ha)) == first[hs]), 1] = -1
+        hv[e & (np.arange(len(ha)) == last[hs]), 0] = -1
+    hsel = hv[keep].reshape(-1)
+    hshape = np.repeat(hs[keep], 2)
+    hm = hsel >= 0
+    hsel, hshape = hsel[hm], hshape[hm]
+    tv = np.stack([ta, tb], axis=1).reshape(-1)
+    tshape = np.repeat(ts, 2)
+    shape = np.concatenate([hshape, tshape])
+    section = np.concatenate([np.zeros(len(hshape), np.int64), np.ones(len(tshape), np.int64)])
+    dist = np.concatenate([hsel, tv])
+    order = np.argsort(shape * 2 + section, kind="stable")
+    count = np.bincount(shape, minlength=S)
+    ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    n_head = np.where(every, 2, 2 * nh)
+    return _Borders(cols.ever_used, cols.forever, n_head, 2 * nt, np.where(cols.forever, cols.D, -1),
+                    np.where(every, every_p, 0), np.where(every, every_w, 0), ptr, dist[order])
+
+
+def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[list[int], tuple, list[Bound]]]:
+    """Interior classes, in order, grouped greedily: a used class joins the group of the used
+    class before it when, for every border, all members agree on the border's distance from
+    the key (anchor `key`) or on its distance from the period start (anchor `period`)."""
+    T = cols.T
+    r = np.flatnonzero(bd.used[T:]).astype(np.int64)        # used classes
+    if len(r) == 0:
+        return []
+    s = T + r
+    fields = [bd.forever, bd.n_head, bd.n_tail, bd.D, bd.every_p, bd.every_w]
+    same_key = np.ones(len(r) - 1, dtype=bool)
+    for f in fields:
+        same_key &= f[s[1:]] == f[s[:-1]]
+    # per border of each pair of consecutive used classes: 1 = same distance (key anchor),
+    # 2 = same distance from the period start (period anchor), 0 = neither
+    L = bd.ptr[s + 1] - bd.ptr[s]
+    pairs = np.flatnonzero(same_key)
+    cnt = L[pairs + 1]
+    rep = np.repeat(pairs, cnt)
+    within = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    da = bd.dist[bd.ptr[s[rep]] + within]
+    db = bd.dist[bd.ptr[s[rep + 1]] + within]
+    code = np.where(db == da, 1, np.where(db + r[rep + 1] == da + r[rep], 2, 0))
+    pair_ok = np.zeros(len(r) - 1, dtype=bool)
+    bad = np.bincount(rep[code == 0], minlength=len(r) - 1)
+    pair_ok[pairs] = bad[pairs] == 0
+    # flat code of each ok pair, at its second member's border positions
+    code_at = np.zeros(len(bd.dist), dtype=np.int64)
+    code_at[bd.ptr[s[rep + 1]] + within] = code
+    # consecutive ok pairs with equal codes (they share a member, so have as many borders)
+    q = np.flatnonzero(pair_ok[:-1] & pair_ok[1:])
+    cq = L[q + 1]
+    rq = np.repeat(q, cq)
+    wq = np.arange(int(cq.sum()), dtype=np.int64) - np.repeat(np.cumsum(cq) - cq, cq)
+    diff = code_at[bd.ptr[s[rq + 1]] + wq] != code_at[bd.ptr[s[rq + 2]] + wq]
+    same_next = np.zeros(max(len(r) - 2, 0), dtype=bool)
+    if len(q):
+        same_next[q] = np.bincount(rq[diff], minlength=len(r) - 2)[q] == 0
+    # run_end[p]: the last pair of the run of equal codes starting at pair p
+    idx = np.arange(len(same_next), dtype=np.int64)
+    stop_at = np.where(same_next, len(same_next), idx)
+    run_end = np.minimum.accumulate(stop_at[::-1])[::-1] if len(same_next) else stop_at
+    out: list[tuple[list[int], tuple, list[Bound]]] = []
+    i = 0
+    while i < len(r):
+        si = int(s[i])
+        key, dist = bd.key(si), bd.borders(si)
+        if i + 1 < len(r) and pair_ok[i]:
+            j = int(run_end[i]) if i < len(run_end) else i      # last pair of the group
+            members = [int(x) for x in r[i:j + 2]]
+            codes = code_at[bd.ptr[s[i + 1]]:bd.ptr[s[i + 1] + 1]]
+            bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + members[0]) for d, c in zip(dist, codes)]
+            out.append((members, key, bounds))
+            i = j + 2
+        else:
+            out.append(([int(r[i])], key, [Bound(KEY, d) for d in dist]))
+            i += 1
+    return out
 
 
 def _emit(kw: dict, key: tuple, bounds: list[Bound], Q: int) -> list[CacheEvent]:
@@ -154,16 +256,15 @@ def _emit(kw: dict, key: tuple, bounds: list[Bound], Q: int) -> list[CacheEvent]
 
 def derive_events(cols: ColumnShapes) -> tuple[CacheEvent, ...]:
     """Events of every group of column shapes with the same borders."""
+    bd = _borders(cols)
     events: list[CacheEvent] = []
     by_key: dict[tuple, list[int]] = {}
-    for j in range(cols.T):
-        if cols.on[j].any():
-            key, dist = _shape(cols, j)
-            by_key.setdefault((key, tuple(dist)), []).append(j)
+    for j in np.flatnonzero(bd.used[:cols.T]).tolist():
+        by_key.setdefault((bd.key(j), tuple(bd.borders(j))), []).append(j)
     for (key, dist), keys in by_key.items():
         kw = dict(boundary=tuple(keys), classes=(), T=cols.T, P=cols.P)
         events += _emit(kw, key, [Bound(KEY, d) for d in dist], cols.Q)
-    for rs, key, bounds in _merge_interior(cols):
+    for rs, key, bounds in _merge_interior(cols, bd):
         kw = dict(boundary=(), classes=tuple(rs), T=cols.T, P=cols.P)
         events += _emit(kw, key, bounds, cols.Q)
     return tuple(events)

@@ -9,40 +9,68 @@ distinct shape, so the cuts are found without drawing the full-length polygon:
   are translates of each other (same run structure relative to the key) form one group;
 - the last keys, whose columns are cut short by the end of the sequence, form the tail.
 
-Each group carries the exact polygon (shapely) of its first occurrence.
+Each group carries the exact polygon (shapely) of its first occurrence, traced from the
+column runs on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
-from shapely import affinity
 from shapely.geometry.base import BaseGeometry
 
 from sas.analysis.columns import ColumnShapes
-from sas.ir.polygons import Lattice, lattice_geometry
-from sas.lang.pattern import Pattern
+from sas.errors import AnalysisError
+from sas.ir.polygons import Lattice, lattice_polygon, runs_lattice
 
 
 @dataclass(frozen=True, eq=False)
 class Group:
+    """Keys [key_start, key_stop) (first occurrence) and their attended cells on the query rows
+    [key_start, row_stop). The cells (column runs), their lattice and their exact polygon are
+    derived from the column shapes on first use: a group of a long period can hold many cells,
+    and the analysis itself never needs them."""
+
     index: int
     key_start: int
     key_stop: int               # first occurrence: keys [key_start, key_stop)
     repeats: int | None         # the group recurs every `repeats` keys (None: once)
     kind: str                   # boundary | periodic | tail
-    polygon: BaseGeometry       # cells of the first occurrence (x = key, y = query)
-    #: with a lattice, the polygon covers each attended lattice point's cell (sx x sy)
-    lattice: Lattice | None = None
+    columns: ColumnShapes = field(repr=False)
+    row_stop: int = 0           # the rows of the first occurrence: [key_start, row_stop)
     #: first and last + 1 query row with an attended cell (None: no cell)
     query_bounds: tuple[int, int] | None = None
 
-    @property
+    def _keys(self) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.arange(self.key_start, self.key_stop, dtype=np.int64)
+        return keys, self.columns.shape_of(keys)
+
+    @functools.cached_property
+    def cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(key, first row, stop row) of every vertical run of attended cells (raises
+        `AnalysisError` past the runs limit)."""
+        keys, shapes = self._keys()
+        r = self.columns.window_runs(shapes, np.zeros(len(keys), np.int64), self.row_stop - keys)
+        x = keys[r.line]
+        return x, x + r.start, x + r.stop
+
+    @functools.cached_property
+    def lattice(self) -> Lattice | None:
+        """With a lattice, the polygon covers each attended lattice point's cell (sx x sy)."""
+        return runs_lattice(*self.cells)
+
+    @functools.cached_property
+    def polygon(self) -> BaseGeometry:
+        """The cells of the first occurrence (x = key, y = query), on the lattice if any."""
+        return lattice_polygon(*self.cells, self.lattice)
+
+    @functools.cached_property
     def area(self) -> int:
         """Attended cells of the first occurrence."""
-        per = self.lattice.cell_area if self.lattice is not None else 1
-        return int(round(self.polygon.area)) // per
+        keys, shapes = self._keys()
+        return int(self.columns.count_below(shapes, self.row_stop - keys).sum())
 
     @property
     def n_polygons(self) -> int:
@@ -50,42 +78,52 @@ class Group:
 
     def describe(self) -> str:
         rep = f", repeats every {self.repeats} keys" if self.repeats else ""
-        lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
+        try:
+            lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
+            shape = f"{self.n_polygons} polygon(s){lat}"
+        except AnalysisError:
+            shape = "polygons not drawn (more runs of cells than the runs limit)"
         return (f"group {self.index} ({self.kind}): keys [{self.key_start}, {self.key_stop}){rep}; "
-                f"{self.n_polygons} polygon(s){lat}, {self.area} cells, query bounds "
+                f"{shape}, {self.area} cells, query bounds "
                 f"{self.query_bounds if self.query_bounds is not None else ()}")
 
 
-def _profile(cols: ColumnShapes, s: int) -> bytes:
-    return np.packbits(cols.on[s]).tobytes() + int(cols.D[s]).to_bytes(8, "little", signed=True)
-
-
-def _translate(cols: ColumnShapes, a: int, b: int) -> bool:
-    """Are columns a and b (adjacent) shaped alike up to a one-row shift of their lower border?"""
-    ra, rb = cols.on[a], cols.on[b]
-    if not ra.any() and not rb.any():
-        return True
-    # Same number of runs and same start offsets: only the lower ends move (a straight border).
-    ea = np.flatnonzero(np.diff(np.concatenate([[0], ra.astype(np.int8), [0]])))
-    eb = np.flatnonzero(np.diff(np.concatenate([[0], rb.astype(np.int8), [0]])))
-    if len(ea) != len(eb):
-        return False
-    if len(ea) == 0:
-        return True
-    da = ea - eb
-    return bool(np.all(da[0::2] == da[0]) and np.all(np.abs(da[1::2] - da[1]) <= 0) and abs(int(da[1]) - int(da[0])) <= 1)
-
-
-def _runs(cols: ColumnShapes, start: int, stop: int) -> list[tuple[int, int]]:
-    out, a = [], start
-    for s in range(start + 1, stop + 1):
-        if s == stop or not _translate(cols, s - 1, s):
-            out.append((a, s))
-            a = s
+def _translates(cols: ColumnShapes, shapes: np.ndarray) -> np.ndarray:
+    """For consecutive shapes (shapes[k], shapes[k + 1]): are the two columns shaped alike up to
+    a one-row shift of their lower border (same number of runs, starts all moved by one amount,
+    stops by one amount, the two amounts at most one apart), over the window of D + 2Q rows?"""
+    m = len(shapes)
+    if m < 2:
+        return np.zeros(0, dtype=bool)
+    W = int(cols.D.max()) + 2 * cols.Q
+    r = cols.window_runs(shapes, np.zeros(m, np.int64), np.full(m, W, np.int64))
+    cnt, ptr = r.counts(), r.ptr
+    out = (cnt[:-1] == 0) & (cnt[1:] == 0)
+    pairs = np.flatnonzero((cnt[:-1] == cnt[1:]) & (cnt[:-1] > 0))
+    c = cnt[pairs]
+    rep = np.repeat(pairs, c)
+    within = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+    ia, ib = ptr[rep] + within, ptr[rep + 1] + within
+    ds = r.start[ia] - r.start[ib]
+    de = r.stop[ia] - r.stop[ib]
+    ds0, de0 = r.start[ptr[pairs]] - r.start[ptr[pairs + 1]], r.stop[ptr[pairs]] - r.stop[ptr[pairs + 1]]
+    at = np.searchsorted(pairs, rep)
+    bad = np.bincount(at[(ds != ds0[at]) | (de != de0[at])], minlength=len(pairs))
+    out[pairs] = (bad == 0) & (np.abs(de0 - ds0) <= 1)
     return out
 
 
-def decompose(pattern: Pattern, cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, ...]:
+def _runs(cols: ColumnShapes, start: int, stop: int) -> list[tuple[int, int]]:
+    """Maximal ranges of consecutive shapes in [start, stop) that are translates of each other."""
+    if stop <= start:
+        return []
+    ok = _translates(cols, np.arange(start, stop, dtype=np.int64))
+    cuts = start + 1 + np.flatnonzero(~ok)
+    edges = [start, *cuts.tolist(), stop]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def decompose(cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, ...]:
     T, P = cols.T, cols.P
     spans: list[tuple[int, int, int | None, str]] = []
     for a, b in _runs(cols, 0, min(T, n)):
@@ -102,16 +140,17 @@ def decompose(pattern: Pattern, cols: ColumnShapes, n: int, max_groups: int = 64
             spans.append((n - tail, n, None, "tail"))
     if len(spans) > max_groups:
         spans = spans[:max_groups]
+    depth = int(cols.D.max()) + 2 * cols.Q
     groups = []
     for k, (a, b, rep, kind) in enumerate(spans):
-        depth = int(cols.D.max()) + 2 * cols.Q
-        rows = np.arange(a, min(n, b + depth), dtype=np.int64)
+        row_stop = min(n, b + depth)
         keys = np.arange(a, b, dtype=np.int64)
-        cells = np.asarray(pattern.evaluate(rows[:, None], keys[None, :]), dtype=bool)
-        poly, lat = lattice_geometry(cells)
-        if lat is not None:
-            lat = lat.shifted(a, a)
-        on_rows = np.flatnonzero(cells.any(axis=1))
-        bounds = (a + int(on_rows[0]), a + int(on_rows[-1]) + 1) if len(on_rows) else None
-        groups.append(Group(k, a, b, rep, kind, affinity.translate(poly, xoff=a, yoff=a), lat, bounds))
+        shapes = cols.shape_of(keys)
+        # first and last attended rows below row_stop
+        first = cols.next_d(shapes, np.zeros(len(keys), np.int64))
+        first_ok = (first >= 0) & (keys + first < row_stop)
+        last = cols.last_d(shapes, row_stop - 1 - keys)
+        bounds = ((int((keys + first)[first_ok].min()), int((keys + last)[last >= 0].max()) + 1)
+                  if first_ok.any() else None)
+        groups.append(Group(k, a, b, rep, kind, cols, row_stop, bounds))
     return tuple(groups)

@@ -8,6 +8,7 @@ and as Python AST expressions (for the synthesized functions).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,8 @@ class KeySet:
         return not self.boundary and not self.classes
 
     # ---- numeric -----------------------------------------------------------------------
-    def _tables(self):
+    @functools.cached_property
+    def _numeric(self):
         member = np.zeros(self.P, dtype=bool)
         member[list(self.classes)] = True
         idx = np.cumsum(member) - member          # rank of a class inside the period
@@ -46,7 +48,7 @@ class KeySet:
         return member, idx, cnt_lt, bmember, bidx
 
     def contains(self, j: np.ndarray) -> np.ndarray:
-        member, _, _, bmember, _ = self._tables()
+        member, _, _, bmember, _ = self._numeric
         j = np.asarray(j, dtype=np.int64)
         inner = member[np.maximum(j - self.T, 0) % self.P]
         outer = bmember[np.clip(j, 0, max(self.T - 1, 0))]
@@ -54,7 +56,7 @@ class KeySet:
 
     def rank(self, j: np.ndarray) -> np.ndarray:
         """Rank of members (undefined for non-members)."""
-        _, idx, _, _, bidx = self._tables()
+        _, idx, _, _, bidx = self._numeric
         j = np.asarray(j, dtype=np.int64)
         r = np.maximum(j - self.T, 0)
         inner = self.nb + (r // self.P) * self.k + idx[r % self.P]
@@ -71,7 +73,7 @@ class KeySet:
 
     def count_upto(self, i: np.ndarray) -> np.ndarray:
         """Number of members <= i."""
-        _, _, cnt_lt, bmember, _ = self._tables()
+        _, _, cnt_lt, bmember, _ = self._numeric
         i = np.asarray(i, dtype=np.int64)
         bcum = np.cumsum(bmember)
         y = np.maximum(i - self.T + 1, 0)
@@ -112,15 +114,27 @@ class KeySet:
 
     def count_upto_expr(self, i: E) -> E:
         y = i - self.T + 1
-        member = [c in set(self.classes) for c in range(self.P)]
-        cnt = tuple(int(sum(member[:v])) for v in range(self.P))
+        cnt = tuple(_count_below(self.classes, self.P).tolist())
         inner = (self.nb + (y // self.P) * self.k + _prefix_count(cnt, self.classes, self.P, y % self.P)
                  if self.classes else E(self.nb))
         if self.T == 0:
             return inner
-        bcnt = tuple(sum(1 for b in self.boundary if b <= v) for v in range(self.T))
+        bcnt = tuple((_count_below(self.boundary, self.T) + _flags(self.boundary, self.T)).tolist())
         outer = _boundary_count(self.boundary, bcnt, i)
         return where(i.lt(self.T), outer, inner)
+
+
+def _flags(members: tuple[int, ...], size: int) -> np.ndarray:
+    """[size] int64: 1 where v is a member, else 0."""
+    out = np.zeros(size, dtype=np.int64)
+    out[list(members)] = 1
+    return out
+
+
+def _count_below(members: tuple[int, ...], size: int) -> np.ndarray:
+    """[size] int64: how many members are < v, for v in 0 .. size-1."""
+    flags = _flags(members, size)
+    return np.cumsum(flags) - flags
 
 
 def _ap(values: tuple[int, ...]) -> tuple[int, int] | None:
@@ -152,7 +166,7 @@ def _class_member(classes: tuple[int, ...], P: int, r: E) -> E:
         if s > 1:
             conds.append(((r - c0) % s).eq(0))
         return E(True) if not conds else _and(conds)
-    return lookup(tuple(int(c in set(classes)) for c in range(P)), r).eq(1)
+    return lookup(tuple(_flags(classes, P).tolist()), r).eq(1)
 
 
 def _and(conds: list[E]) -> E:
@@ -198,7 +212,7 @@ def _range_member(boundary: tuple[int, ...], T: int, j: E) -> E:
         if b1 < T:
             conds.append(j.lt(b1))
         return _and(conds)
-    return j.ge(0) & lookup(tuple(int(v in set(boundary)) for v in range(T)), j).eq(1)
+    return j.ge(0) & lookup(tuple(_flags(boundary, T).tolist()), j).eq(1)
 
 
 def _boundary_index(boundary: tuple[int, ...], T: int, j: E) -> E:

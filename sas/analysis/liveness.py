@@ -20,14 +20,13 @@ def live_counts(cols: ColumnShapes, n: int, a: int, b: int) -> np.ndarray:
     T, P, Q = cols.T, cols.P, cols.Q
     K = int(cols.D.max()) + 2 * Q + P + 1
     lo = max(0, a - K)
-    explicit = np.unique(np.concatenate([np.arange(min(T, lo)), np.arange(lo, b)])).astype(np.int64)
+    # boundary keys below lo, then every key of [lo, b): sorted, distinct
+    explicit = np.concatenate([np.arange(min(T, lo)), np.arange(lo, b)]).astype(np.int64)
     L = cols.last_use(explicit, n)
     start = np.maximum(explicit, a)
     stop = np.minimum(L, b - 1)
     keep = stop >= start
-    diff = np.zeros(b - a + 1, dtype=np.int64)
-    np.add.at(diff, start[keep] - a, 1)
-    np.add.at(diff, stop[keep] - a + 1, -1)
+    diff = np.bincount(start[keep] - a, minlength=b - a + 1) - np.bincount(stop[keep] - a + 1, minlength=b - a + 1)
     live = np.cumsum(diff)[:-1]
     if lo > T:
         # Keys in [T, lo) are far behind the window: count them per residue of lcm(P, Q).

@@ -430,14 +430,17 @@ def check_rows(max_len: int, cache_size: int, boundary: int, period: int) -> np.
     """The query rows `check_equal` compares: -1, the boundary and the first periods past the
     cache's reach, and the last rows before (and one past) max_len; thinned evenly where the
     grid would exceed MAX_CHECK_POINTS."""
-    head = boundary + 3 * max(period, 1) + cache_size + 2
-    rows = np.unique(np.concatenate([np.arange(-1, min(max_len, head)),
-                                     np.arange(max(0, max_len - cache_size - 2 * max(period, 1)), max_len + 1)]))
+    head = min(max_len, boundary + 3 * max(period, 1) + cache_size + 2)
+    tail = max(0, max_len - cache_size - 2 * max(period, 1))
+    # [-1, head) and [tail, max_len], merged (two sorted ranges: no sort needed)
+    rows = np.concatenate([np.arange(-1, head), np.arange(max(tail, head), max_len + 1)])
     limit = max(16, MAX_CHECK_POINTS // (cache_size + 2))
     if len(rows) > limit:
-        keep = np.unique(np.concatenate([rows[:limit // 4], rows[-limit // 4:],
-                                         rows[np.linspace(0, len(rows) - 1, limit // 2).astype(np.int64)]]))
-        rows = keep
+        pick = np.zeros(len(rows), dtype=bool)
+        pick[:limit // 4] = True
+        pick[-limit // 4:] = True
+        pick[np.linspace(0, len(rows) - 1, limit // 2).astype(np.int64)] = True
+        rows = rows[pick]
     return rows.astype(np.int64)
 
 
@@ -463,12 +466,17 @@ def check_equal(original: ast.Module, simplified: ast.Module, rows: np.ndarray, 
 
 def check_python(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int,
                  points: int = 4096) -> str | None:
-    """The same comparison in Python itself (short-circuit `and` / `or`, exceptions) on every
-    slot of the first and last rows and an even sample of the rest."""
+    """The same comparison in Python itself (short-circuit `and` / `or`, exceptions) on the
+    slots of the first and last rows (every slot up to `points` // 4 of them, else the first
+    and last 16 and an even sample) and an even sample of the rest."""
     fa, fb = _compile(original), _compile(simplified)
     slots = list(range(-1, cache_size + 1))
     ends = [int(r) for r in (*rows[:2], *rows[-2:])]
-    pairs = [(s, r) for r in ends for s in slots]
+    per_row = slots
+    if len(slots) > points // 4:
+        sample = np.linspace(0, len(slots) - 1, points // 4 - 32).astype(np.int64)
+        per_row = sorted(set(slots[:16] + slots[-16:] + [slots[k] for k in sample]))
+    pairs = [(s, r) for r in ends for s in per_row]
     step = max(1, len(rows) * len(slots) // points)
     pairs += [(slots[k % len(slots)], int(rows[k // len(slots)])) for k in range(0, len(rows) * len(slots), step)]
     try:

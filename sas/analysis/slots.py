@@ -48,14 +48,19 @@ class TableScheme:
 Scheme = RingScheme | PrefixRingScheme | TableScheme
 
 
+def _divisors(P: int) -> list[int]:
+    small = [d for d in range(1, int(P ** 0.5) + 1) if P % d == 0]
+    return sorted(set(small + [P // d for d in small]))
+
+
 def keyset(cols: ColumnShapes, select: np.ndarray) -> KeySet:
     """Keys whose column shape is selected (per shape flags, boundary first)."""
     T, P = cols.T, cols.P
     member = np.asarray(select[T:], dtype=bool)
     # Use the smallest period of the membership itself: a ring over "every 4th key" should
     # read (j // 4), not a table over the pattern's full period.
-    for p in range(1, P + 1):
-        if P % p == 0 and np.array_equal(member, np.tile(member[:p], P // p)):
+    for p in _divisors(P):
+        if np.array_equal(member.reshape(P // p, p), np.broadcast_to(member[:p], (P // p, p))):
             P, member = p, member[:p]
             break
     return KeySet(T, P, tuple(int(j) for j in np.flatnonzero(select[:T])),
@@ -68,7 +73,6 @@ def _ring_ok(cols: ColumnShapes, keys: KeySet, C: int, n: int) -> bool:
         return True
     if C <= 0:
         return False
-    forever = cols.forever
     # Boundary keys one by one.
     if keys.boundary:
         j = np.array(keys.boundary, dtype=np.int64)
@@ -77,27 +81,26 @@ def _ring_ok(cols: ColumnShapes, keys: KeySet, C: int, n: int) -> bool:
         live = cols.last_use(j, n)
         if np.any((nxt < n) & (live >= nxt)):
             return False
-    # Interior classes: the successor distance depends on the class only.
-    for r in range(cols.P):
-        j0 = cols.T + r
-        if j0 >= n or not keys.contains(np.array([j0]))[0]:
-            continue
-        delta = int(keys.unrank(keys.rank(np.array([j0])) + C)[0]) - j0
-        shape = cols.T + r
-        if j0 + delta >= n:
-            continue
-        if not forever[shape]:
-            # The class's first key lives longest (its column is cut last by the end).
-            if cols.last_d(np.array([shape]), np.array([n - 1 - j0]))[0] >= delta:
-                return False
-            continue
-        # Attended forever: only keys whose successor arrives near the end can survive.
-        if j0 + delta < n - cols.Q - int(cols.D[shape]):
-            return False
-        j = np.arange(j0, max(j0, n - delta), cols.P, dtype=np.int64)
-        if j.size and np.any(cols.last_use(j, n) >= j + delta):
-            return False
-    return True
+    # Interior classes, all at once: the successor distance depends on the class only.
+    j0 = cols.T + np.arange(cols.P, dtype=np.int64)
+    j0 = j0[(j0 < n) & keys.contains(j0)]
+    delta = keys.unrank(keys.rank(j0) + C) - j0
+    near = j0 + delta < n
+    j0, delta = j0[near], delta[near]
+    shape = j0            # interior keys below T + P are their own class's shape
+    forever = cols.forever[shape]
+    # Not attended forever: the class's first key lives longest (its column is cut last by the end).
+    if np.any(cols.last_d(shape[~forever], n - 1 - j0[~forever]) >= delta[~forever]):
+        return False
+    # Attended forever: only keys whose successor arrives near the end can survive.
+    j0, delta, shape = j0[forever], delta[forever], shape[forever]
+    if np.any(j0 + delta < n - cols.Q - cols.D[shape]):
+        return False
+    # keys j = j0 + k P below n - delta (at most (Q + D) / P + 1 per class)
+    count = np.maximum(0, -(-(n - delta - j0) // cols.P))
+    k = np.repeat(np.arange(len(j0), dtype=np.int64), count)
+    j = j0[k] + cols.P * (np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count))
+    return not (j.size and np.any(cols.last_use(j, n) >= j + delta[k]))
 
 
 def _count_below(keys: KeySet, n: int) -> int:

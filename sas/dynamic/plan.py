@@ -111,7 +111,7 @@ class DynamicPlan:
             c = self.columns
             s = c.shape_of(j)
             used = c.ever_used[s]
-            first = np.where(used, j + np.argmax(c.on, axis=1)[s], NEVER)
+            first = np.where(used, j + c.first_used[s], NEVER)
         else:
             m = self.region.to_mask(n)
             rows = np.arange(n)[:, None]
@@ -227,7 +227,7 @@ def _region_capacity(c: ColumnShapes) -> int | None:
     used = c.ever_used
     if (c.forever & used).any():
         return None
-    first_d = np.where(used, np.argmax(c.on, axis=1), 0)
+    first_d = np.where(used, c.first_used, 0)
     last_d = c.last_finite
     lmax = int(last_d[used].max())
     n = c.T + lmax + 2 * c.P + 1

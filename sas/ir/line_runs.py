@@ -1,0 +1,365 @@
+"""Exact runs of attended cells along the lines of a mask, derived from the pattern tree.
+
+`line_runs(pattern, axis, fixed, lo, hi)` gives, for each line k (the column `j = fixed[k]`
+when `axis` is `COLUMN`, the row `i = fixed[k]` when it is `ROW`), the maximal runs
+`[start, stop)` of attended cells among the positions `lo[k] <= x < hi[k]` along the line
+(x is the query i on a column, the key j on a row).
+
+Nothing is evaluated cell by cell. Each primitive gives its runs in closed form (a `Diag` is
+one run per line, or one cell per stride; a `Rect` one run when the line crosses it), `*` and
+`+` combine the runs of their terms by a sweep over the run ends, `~` takes the gaps, and a
+spread `unit >> layout` asks its layout for the runs of the block lines its lines cross and
+its unit for the runs inside one block, then tiles the unit's runs over the layout's
+on-blocks. So the cost follows the number of runs (of the result and of the terms), not the
+number of cells: a column of a chunked-attention pattern with chunks of 64K tokens is one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from sas.errors import AnalysisError
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Diag, Dynamic, Rect
+
+COLUMN, ROW = 0, 1
+#: Windows of at most this many cells (lines x longest range) are evaluated cell by cell with
+#: `Pattern.evaluate` and read back as runs: for a small window one pass over the tree costs
+#: less than the run algebra's many small steps.
+DENSE_CELLS = 1 << 15
+#: Most runs one step of `line_runs` builds (each run costs 24 bytes, its sort about as much
+#: again); the message names the pattern and the numbers when a pattern needs more.
+RUN_LIMIT = 1 << 24
+
+_I64 = np.int64
+
+
+@dataclass(frozen=True, eq=False)
+class Runs:
+    """Runs `[start, stop)` of attended positions on `n_lines` lines: sorted by line, then by
+    start; disjoint and never adjacent on one line (int64 arrays of one length)."""
+
+    line: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    n_lines: int
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    @property
+    def ptr(self) -> np.ndarray:
+        """CSR offsets: the runs of line k are `[ptr[k], ptr[k + 1])`."""
+        return np.searchsorted(self.line, np.arange(self.n_lines + 1, dtype=_I64)).astype(_I64)
+
+    def counts(self) -> np.ndarray:
+        """Runs per line."""
+        return np.bincount(self.line, minlength=self.n_lines).astype(_I64)
+
+
+def _empty(n_lines: int) -> Runs:
+    z = np.zeros(0, dtype=_I64)
+    return Runs(z, z, z, n_lines)
+
+
+class _Context:
+    """The pattern being analysed (for messages) and the running limit check."""
+
+    def __init__(self, pattern: Pattern, limit: int, dense_cells: int):
+        self.pattern = pattern
+        self.limit = limit
+        self.dense_cells = dense_cells
+
+    def check(self, count: int, what: str) -> None:
+        if count > self.limit:
+            raise AnalysisError(
+                f"the runs of attended cells of {self.pattern!r} along the lines the length-independent "
+                f"analysis reads need {count} runs for {what}, more than the limit {self.limit} (the runs "
+                f"limit): its strides are too fine for its periods, or its offsets and sizes too large; "
+                f"give a max_len no larger than needed, or use smaller parameters")
+
+
+def line_runs(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
+              limit: int = RUN_LIMIT, dense_cells: int | None = None) -> Runs:
+    """Runs of attended cells on each line (module doc); `fixed`, `lo`, `hi` are int64 arrays of
+    one length with `fixed >= 0` and `0 <= lo`. Raises `AnalysisError` past `limit` runs.
+    A window of at most `dense_cells` cells (default `DENSE_CELLS`) is evaluated cell by cell."""
+    fixed, lo, hi = (np.asarray(x, dtype=_I64).reshape(-1) for x in (fixed, lo, hi))
+    if axis not in (COLUMN, ROW):
+        raise ValueError(f"line_runs: axis must be COLUMN or ROW, got {axis!r}")
+    ctx = _Context(pattern, limit, DENSE_CELLS if dense_cells is None else dense_cells)
+    # the equal pattern with parameters within the index range (no overflow below)
+    return _runs(pattern._index_safe, axis, fixed, np.maximum(lo, 0), hi, ctx)
+
+
+def _dense(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: int) -> Runs:
+    """`line_runs` by evaluating every cell of the window (small windows)."""
+    m = len(fixed)
+    if m == 0 or width <= 0:
+        return _empty(m)
+    x = lo[:, None] + np.arange(width, dtype=_I64)[None, :]
+    on = x < hi[:, None]
+    xs = np.minimum(x, np.maximum(hi - 1, lo)[:, None])
+    i, j = (xs, fixed[:, None]) if axis == COLUMN else (fixed[:, None], xs)
+    on &= np.asarray(pattern.evaluate(i, j), dtype=bool)
+    padded = np.zeros((m, width + 2), dtype=np.int8)
+    padded[:, 1:-1] = on
+    line, edge = np.nonzero(np.diff(padded, axis=1))
+    return Runs(line[0::2].astype(_I64), lo[line[0::2]] + edge[0::2], lo[line[1::2]] + edge[1::2], m)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _merge_adjacent(line: np.ndarray, start: np.ndarray, stop: np.ndarray, n_lines: int) -> Runs:
+    """Runs from disjoint runs sorted by (line, start): empty ones dropped, touching ones joined."""
+    keep = stop > start
+    line, start, stop = line[keep], start[keep], stop[keep]
+    if len(line) > 1:
+        new = np.ones(len(line), dtype=bool)
+        new[1:] = (line[1:] != line[:-1]) | (start[1:] != stop[:-1])
+        if not new.all():
+            first = np.flatnonzero(new)
+            last = np.append(first[1:], len(line)) - 1
+            line, start, stop = line[first], start[first], stop[last]
+    return Runs(line, start, stop, n_lines)
+
+
+def _order(line: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Indices sorting by (line, pos)."""
+    if len(line) == 0:
+        return np.zeros(0, dtype=_I64)
+    span = int(pos.max()) - int(pos.min()) + 1
+    if (int(line.max()) + 1) * span < (1 << 62):
+        return np.argsort(line * span + (pos - pos.min()), kind="stable")
+    return np.lexsort((pos, line))
+
+
+def from_disjoint(line: np.ndarray, start: np.ndarray, stop: np.ndarray, n_lines: int) -> Runs:
+    """`Runs` from disjoint runs in any order (empty ones dropped, touching ones joined)."""
+    if len(line) > 1:
+        dl = np.diff(line)
+        if not np.all((dl > 0) | ((dl == 0) & (start[1:] > start[:-1]))):
+            o = _order(line, start)
+            line, start, stop = line[o], start[o], stop[o]
+    return _merge_adjacent(line, start, stop, n_lines)
+
+
+def _unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each key's value) of an int64 array; by counting
+    when the values span a small range."""
+    if len(keys) == 0:
+        return keys, keys
+    low, span = int(keys.min()), int(keys.max()) - int(keys.min()) + 1
+    if span <= 4 * len(keys) + 1024:
+        present = np.zeros(span, dtype=bool)
+        present[keys - low] = True
+        rank = np.cumsum(present) - 1
+        return np.flatnonzero(present).astype(_I64) + low, rank[keys - low]
+    values, inverse = np.unique(keys, return_inverse=True)
+    return values, inverse.reshape(-1)
+
+
+def _unique_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct (a, b, c) rows as an [u, 3] array, index of each row's) for int64 columns."""
+    spans = [int(x.max()) - int(x.min()) + 1 for x in (a, b, c)]
+    if spans[0] * spans[1] * spans[2] < (1 << 62):
+        key = ((a - a.min()) * spans[1] + (b - b.min())) * spans[2] + (c - c.min())
+        values, inverse = _unique(key)
+        va = values // (spans[1] * spans[2]) + a.min()
+        vb = values // spans[2] % spans[1] + b.min()
+        vc = values % spans[2] + c.min()
+        return np.stack([va, vb, vc], axis=1), inverse
+    rows, inverse = np.unique(np.stack([a, b, c], axis=1), axis=0, return_inverse=True)
+    return rows, inverse.reshape(-1)
+
+
+def _progression(ctx: _Context, line: np.ndarray, a: np.ndarray, b: np.ndarray, mod: int,
+                 residue: np.ndarray, n_lines: int) -> Runs:
+    """On each listed line, the positions x in [a, b) with x = residue (mod `mod`): one run
+    when mod is 1, else one single-cell run per position. `line` is non-decreasing."""
+    if mod == 1:
+        return _merge_adjacent(line, a, b, n_lines)
+    first = a + (residue - a) % mod
+    count = np.maximum(0, -(-(b - first) // mod))
+    total = int(count.sum())
+    ctx.check(total, f"cells every {mod} positions")
+    idx = np.repeat(np.arange(len(line), dtype=_I64), count)
+    offs = np.cumsum(count) - count
+    x = first[idx] + mod * (np.arange(total, dtype=_I64) - offs[idx])
+    return Runs(line[idx], x, x + 1, n_lines)
+
+
+def _axis_selects(x: np.ndarray, rng: tuple[int | None, int | None], stride: int, offset: int) -> np.ndarray:
+    a, b = rng
+    m = np.ones(x.shape, dtype=bool)
+    if a is not None:
+        m &= x >= a
+    if b is not None:
+        m &= x < b
+    if stride > 1:
+        m &= (x - (a or 0)) % stride == offset
+    return m
+
+
+# --- the recursion --------------------------------------------------------------------------
+
+
+def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+    m = len(fixed)
+    if m == 0:
+        return _empty(0)
+    width = int((hi - lo).max())
+    if m * width <= ctx.dense_cells:
+        return _dense(p, axis, fixed, lo, hi, width)
+    if isinstance(p, Dynamic):
+        return _merge_adjacent(np.arange(m, dtype=_I64), lo, hi, m)
+    if isinstance(p, Diag):
+        return _diag(p, axis, fixed, lo, hi, ctx)
+    if isinstance(p, Rect):
+        return _rect(p, axis, fixed, lo, hi, ctx)
+    if isinstance(p, Not):
+        return _complement(_runs(p.a, axis, fixed, lo, hi, ctx), lo, hi)
+    if isinstance(p, And):
+        # Each term only inside the runs of the terms before it (finest terms last): the
+        # intermediate runs never outnumber the coarsest term's.
+        terms = sorted(p.terms, key=_fineness)
+        acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
+        for t in terms[1:]:
+            if len(acc) == 0:
+                break
+            acc = _inside(t, acc, axis, fixed, ctx)
+        return acc
+    if isinstance(p, Or):
+        # Each term only inside the gaps the terms before it leave.
+        terms = sorted(p.terms, key=_fineness)
+        acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
+        for t in terms[1:]:
+            gaps = _complement(acc, lo, hi)
+            if len(gaps) == 0:
+                break
+            more = _inside(t, gaps, axis, fixed, ctx)
+            ctx.check(len(acc) + len(more), f"the terms of {p!r}")
+            acc = from_disjoint(np.concatenate([acc.line, more.line]), np.concatenate([acc.start, more.start]),
+                          np.concatenate([acc.stop, more.stop]), m)
+        return acc
+    if isinstance(p, Spread):
+        return _spread(p, axis, fixed, lo, hi, ctx)
+    raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
+
+
+def _fineness(p: Pattern) -> int:
+    """How many strided primitives a term holds (the finer, the later it is evaluated)."""
+    return sum(1 for q in p.walk() if (isinstance(q, Diag) and q.stride > 1)
+               or (isinstance(q, Rect) and q.stride != (1, 1)))
+
+
+def _inside(p: Pattern, within: Runs, axis: int, fixed: np.ndarray, ctx: _Context) -> Runs:
+    """The runs of p inside the runs `within` (each run read as a line of its own)."""
+    sub = _runs(p, axis, fixed[within.line], within.start, within.stop, ctx)
+    return _merge_adjacent(within.line[sub.line], sub.start, sub.stop, within.n_lines)
+
+
+def _diag(p: Diag, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+    o, s, t = p.offset, p.size, p.stride
+    if axis == COLUMN:      # i - j in [o, o + s): i in [j + o, j + o + s), i = j + o (mod t)
+        a = np.maximum(lo, fixed + o)
+        b = hi if s is None else np.minimum(hi, fixed + o + s)
+        residue = fixed + o
+    else:                   # j in (i - o - s, i - o], j = i - o (mod t)
+        a = lo if s is None else np.maximum(lo, fixed - o - s + 1)
+        b = np.minimum(hi, fixed - o + 1)
+        residue = fixed - o
+    return _progression(ctx, np.arange(len(fixed), dtype=_I64), a, b, t, residue, len(fixed))
+
+
+def _rect(p: Rect, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+    (r0, r1), (c0, c1) = p.rows, p.cols
+    (sr, sc), (orr, oc) = p.stride, p.offset
+    if axis == COLUMN:
+        on_line = _axis_selects(fixed, p.cols, sc, oc)
+        rng, stride, off = (r0, r1), sr, orr
+    else:
+        on_line = _axis_selects(fixed, p.rows, sr, orr)
+        rng, stride, off = (c0, c1), sc, oc
+    k = np.flatnonzero(on_line).astype(_I64)
+    a = lo[k] if rng[0] is None else np.maximum(lo[k], rng[0])
+    b = hi[k] if rng[1] is None else np.minimum(hi[k], rng[1])
+    residue = np.full(len(k), (rng[0] or 0) + off, dtype=_I64)
+    return _progression(ctx, k, a, b, stride, residue, len(fixed))
+
+
+def _complement(r: Runs, lo: np.ndarray, hi: np.ndarray) -> Runs:
+    """The gaps of r inside [lo, hi) on each line."""
+    m = r.n_lines
+    ptr = r.ptr
+    # gap starts: lo, then every stop; gap stops: every start, then hi (per line, in order)
+    g_start = np.insert(r.stop, ptr[:-1], lo)
+    g_stop = np.insert(r.start, ptr[1:], hi)
+    g_line = np.insert(r.line, ptr[:-1], np.arange(m, dtype=_I64))
+    return _merge_adjacent(g_line, g_start, g_stop, m)
+
+
+def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+    h, w = p.shape
+    across, along = (w, h) if axis == COLUMN else (h, w)   # block size across / along the lines
+    m = len(fixed)
+    live = np.flatnonzero(hi > lo).astype(_I64)
+    if len(live) == 0:
+        return _empty(m)
+    # The layout's lines (block lines) over the blocks the line's range crosses.
+    ublk, which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
+    lay = _runs(p.layout, axis, ublk[:, 0], ublk[:, 1], ublk[:, 2], ctx)
+    # The unit's lines, inside one block.
+    uu, uwhich = _unique(fixed[live] % across)
+    unit = _runs(p.unit, axis, uu, np.zeros(len(uu), _I64), np.full(len(uu), along, _I64), ctx)
+    ucount = unit.counts()
+    uptr = unit.ptr
+    full = np.zeros(len(uu), dtype=bool)
+    if len(unit):
+        first = np.minimum(uptr[:-1], len(unit) - 1)
+        full = (ucount == 1) & (unit.start[first] == 0) & (unit.stop[first] == along)
+    # Every (line, layout run) pair.
+    lcount = lay.counts()[which]
+    total = int(lcount.sum())
+    ctx.check(total, f"the layout of {p!r}")
+    if total == 0:
+        return _empty(m)
+    lptr = lay.ptr
+    rep = np.repeat(np.arange(len(live), dtype=_I64), lcount)
+    offs = np.cumsum(lcount) - lcount
+    run = lptr[which[rep]] + np.arange(total, dtype=_I64) - offs[rep]
+    b0, b1 = lay.start[run], lay.stop[run]          # on-blocks [b0, b1)
+    k = live[rep]                                   # the line
+    uk = uwhich[rep]                                # its unit line
+    line_lo, line_hi = lo[k], hi[k]
+    # Lines whose unit fills the block: one run per layout run.
+    f = full[uk]
+    out_line = [k[f]]
+    out_a = [np.maximum(b0[f] * along, line_lo[f])]
+    out_b = [np.minimum(b1[f] * along, line_hi[f])]
+    # Others: the unit's runs in every on-block.
+    g = np.flatnonzero(~f & (ucount[uk] > 0))
+    if len(g):
+        nb = b1[g] - b0[g]
+        nu = ucount[uk[g]]
+        cnt = nb * nu
+        tot = int(cnt.sum())
+        ctx.check(tot, f"the unit of {p!r} tiled over its layout")
+        r2 = np.repeat(np.arange(len(g), dtype=_I64), cnt)
+        within = np.arange(tot, dtype=_I64) - (np.cumsum(cnt) - cnt)[r2]
+        block = b0[g][r2] + within // nu[r2]
+        ur = uptr[uk[g][r2]] + within % nu[r2]
+        kk = k[g][r2]
+        out_line.append(kk)
+        out_a.append(np.maximum(block * along + unit.start[ur], lo[kk]))
+        out_b.append(np.minimum(block * along + unit.stop[ur], hi[kk]))
+    line = np.concatenate(out_line)
+    a = np.concatenate(out_a)
+    b = np.concatenate(out_b)
+    keep = b > a
+    return from_disjoint(line[keep], a[keep], b[keep], m)
+
+
+__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs"]

@@ -1,0 +1,172 @@
+"""Column shapes as runs (`sas.analysis.columns`, `sas.ir.line_runs`): exact against dense
+evaluation of the oracle, and length-independent for chunked attention with large chunks."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from strategies import causal_patterns, patterns
+
+from analysis_checks import DenseColumns, brute_last_use, dense_upper_triangle
+from sas import Causal, Diag, Rect, analyze
+from sas.analysis.columns import column_shapes, upper_triangle_clear
+import sas.ir.line_runs as line_runs_module
+from sas.ir.line_runs import COLUMN, ROW, line_runs
+from sas.ir.periodicity import structure
+
+
+def _dense(runs, n_lines: int, width: int) -> np.ndarray:
+    out = np.zeros((n_lines, width), dtype=bool)
+    for line, a, b in zip(runs.line, runs.start, runs.stop):
+        out[line, a:b] = True
+    return out
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in ((a.line, b.line), (a.start, b.start), (a.stop, b.stop)))
+
+
+@contextlib.contextmanager
+def run_algebra_only():
+    """Within: no window is small enough to be evaluated cell by cell (line_runs.DENSE_CELLS)."""
+    old = line_runs_module.DENSE_CELLS
+    line_runs_module.DENSE_CELLS = 0
+    try:
+        yield
+    finally:
+        line_runs_module.DENSE_CELLS = old
+
+
+def chunked(b: int):
+    return (Rect(size=(b, b)) >> Diag(0, 1)) * Causal()
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40), st.data())
+def test_line_runs_equal_the_mask(p, n: int, data) -> None:
+    m = p.to_mask(n)
+    bounds = st.lists(st.integers(0, n), min_size=n, max_size=n)
+    for axis in (COLUMN, ROW):
+        lo, hi = np.array(data.draw(bounds)), np.array(data.draw(bounds))
+        r = line_runs(p, axis, np.arange(n), lo, hi, dense_cells=0)
+        assert _same(r, line_runs(p, axis, np.arange(n), lo, hi))      # the cell-by-cell path
+        # sorted by line then start, disjoint, never touching, never empty
+        same = r.line[1:] == r.line[:-1]
+        assert np.all(np.diff(r.line) >= 0) and np.all(r.start[1:][same] > r.stop[:-1][same])
+        assert np.all(r.stop > r.start)
+        x = np.arange(n)[None, :]
+        want = (m.T if axis == COLUMN else m) & (x >= lo[:, None]) & (x < hi[:, None])
+        assert np.array_equal(_dense(r, n, n), want)
+
+
+def _periodic_causal(p) -> bool:
+    st_ = structure(p)
+    return st_.periodic and upper_triangle_clear(p, st_) is None
+
+
+def _check_shapes(p) -> None:
+    st_ = structure(p)
+    with run_algebra_only():
+        cols = column_shapes(p, st_)
+    ref = DenseColumns(p, st_)
+    assert np.array_equal(cols.ever_used, ref.ever_used)
+    assert np.array_equal(cols.forever, ref.forever)
+    s = np.arange(cols.n_shapes)
+    W = ref.on.shape[1]
+    x = np.arange(-1, 3 * W + 2 * cols.Q + 3)
+    S, X = np.meshgrid(s, x, indexing="ij")
+    assert np.array_equal(cols.last_d(S, X), ref.last_d(S, X))
+    X0 = np.maximum(X, 0)
+    assert np.array_equal(cols.next_d(S, X0), ref.next_d(S, X0))
+    assert np.array_equal(cols.first_used, np.where(ref.ever_used, np.argmax(ref.on, axis=1), -1))
+    finite = ~ref.forever
+    assert np.array_equal(cols.last_finite[finite], ref.last_upto[finite, -1])
+    # count_below: cells above each distance, against the unrolled dense column
+    dense = np.stack([ref.column(k, int(X0.max()) + 1) for k in s])
+    before = np.concatenate([np.zeros((len(s), 1), np.int64), np.cumsum(dense, axis=1)], axis=1)
+    assert np.array_equal(cols.count_below(S, X0), before[S, X0])
+    for width in (W, W + 2 * cols.Q + 1):
+        got = _dense(cols.window_runs(s, np.zeros_like(s), np.full_like(s, width)), len(s), width)
+        assert np.array_equal(got, np.stack([ref.column(k, width) for k in s]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(causal_patterns(max_depth=4))
+def test_column_shapes_answer_like_dense_evaluation(p) -> None:
+    q = p.restrict(1 << 20)
+    assume(_periodic_causal(q))
+    _check_shapes(q)
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=4), st.integers(1, 48))
+def test_last_use_matches_the_mask(p, n: int) -> None:
+    q = p.restrict(n)
+    st_ = structure(q)
+    assume(st_.periodic)
+    with run_algebra_only():
+        cols = column_shapes(q, st_)
+    j = np.arange(n)
+    assert np.array_equal(cols.last_use(j, n), brute_last_use(p.to_mask(n)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40))
+def test_upper_triangle_check_is_exact(p, n: int) -> None:
+    q = p.restrict(1 << 20)
+    st_ = structure(q)
+    assume(st_.periodic)
+    with run_algebra_only():
+        bad = upper_triangle_clear(q, st_)
+    assert bad == dense_upper_triangle(q, st_) == upper_triangle_clear(q, st_)
+    if not np.triu(p.to_mask(n), 1).any():
+        assert bad is None or bad[1] >= n
+
+
+def test_chunked_columns_are_one_run_each() -> None:
+    for b in (4, 16, 64, 8192):
+        p = chunked(b).restrict(1 << 20)
+        cols = column_shapes(p, structure(p))
+        assert cols.n_shapes == b and cols.n_runs == b
+        assert np.array_equal(cols.stop - cols.start, b - np.arange(b))
+        if b <= 64:
+            _check_shapes(p)
+
+
+def test_chunked_attention_small_against_the_mask() -> None:
+    from analysis_checks import brute_cache_size, decode_with_functions
+    for b, n in ((4, 37), (16, 100), (64, 200)):
+        p = chunked(b)
+        a = analyze(p, n)
+        m = p.to_mask(n)
+        assert a.closed_form and a.cache_size == brute_cache_size(m) == min(b, n)
+        assert np.array_equal(a.last_use(np.arange(n)), brute_last_use(m))
+        decode_with_functions(a, m)
+
+
+def test_chunked_attention_with_large_chunks_at_a_million_tokens() -> None:
+    n = 1 << 20
+    for b in (8192, 65536):
+        a = analyze(chunked(b), n)
+        assert a.closed_form and a.minimal_cache_size is None and a.scheme == "ring" and a.cache_size == b
+        j = np.array([0, 1, b - 1, b, 5 * b + 7, n - 1])
+        assert np.array_equal(a.last_use(j), np.minimum((j // b + 1) * b - 1, n - 1))
+        assert np.array_equal(a.cache_ids(3 * b)[[0, b - 1, b, 2 * b + 5]], [0, b - 1, 0, 5])
+        assert a.mask_func(5, 2 * b + 9) and not a.mask_func(5, 3 * b)   # slot 5 holds key 2b + 5, then 3b + 5
+        first = a.groups[0]
+        assert (first.kind, first.key_start, first.key_stop, first.repeats) == ("periodic", 0, b, b)
+        assert first.area == b * (b + 1) // 2 and first.query_bounds == (0, b)
+
+
+def test_a_band_of_2_40_tokens_is_one_run_per_column() -> None:
+    """A band wider than any dense window (refused before runs): the dynamic plan without
+    max_len reads its region's columns as one run each."""
+    from sas import Dynamic
+    from sas.dynamic.plan import FOREVER, plan_dynamic
+
+    split = plan_dynamic(Diag(0, 2**40) * Causal() + Diag(2**40, None) * Causal() * Dynamic(4))
+    assert split.columns.n_runs == split.columns.n_shapes == 1
+    assert split.columns.first_used[0] == 2**40 and split.region_last_use(np.array([7]))[0] == FOREVER
