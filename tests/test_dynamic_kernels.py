@@ -207,7 +207,7 @@ def test_device_position_step_equals_the_scalar_step():
     q, k, v = qkv(1, 4, 2, 24, 16, seed=11)
     P = 9
     want, want_held, _ = run_kernel(pattern, q, k, v, P)
-    q, k, v = (t.to(torch.float32) for t in (q, k, v))
+    q, k, v = (t.to(torch.float32).to(DEV) for t in (q, k, v))
     ker = SASAttnKernel(pattern, max_len=64)
     outs = [ker.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])]
     held = [ker.dynamic.held_keys()]
@@ -221,8 +221,15 @@ def test_device_position_step_equals_the_scalar_step():
         held.append(ker.dynamic.held_keys())
     assert int(rt.state.pos) == q.shape[2]
     assert held == want_held
-    torch.testing.assert_close(torch.cat(outs, 2).double(), want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(outs, 2).double().cpu(), want, rtol=0, atol=0)
     cid = rt.kernels.cache_ids(torch.arange(24)).tolist()
+    if DEV == "cuda":   # the replayed CUDA graph: the same outputs as the launches, step for step
+        ker2 = SASAttnKernel(pattern, max_len=64)
+        ker2.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])
+        assert ker2.dynamic.rt.graphs
+        got = [ker2.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]) for i in range(P, q.shape[2])]
+        assert ker2.dynamic.rt._graph is not None and ker2.dynamic.rt._graph.graph is not None
+        torch.testing.assert_close(torch.cat(got, 2), torch.cat(outs[1:], 2), rtol=0, atol=0)
     for n in (24, 10, 17):
         rt.length = n
         expect = [max([j for j in range(n) if cid[j] == s], default=-1) for s in range(rt.kernels.STATIC_SIZE)]

@@ -163,9 +163,7 @@ class StepGraph:
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
         rt = self.runtime
         st = rt.state
-        self.q.copy_(q)
-        self.k.copy_(k)
-        self.v.copy_(v)
+        torch._foreach_copy_((self.q, self.k, self.v), (q, k, v))     # one launch for the three inputs
         if self.pos_at != pos:
             st.pos.fill_(pos)
         if self.graph is None:
