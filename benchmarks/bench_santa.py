@@ -3,9 +3,10 @@
 Shapes: 32 query / 8 KV heads, head dim 128, bf16, one query token per sequence, cache of n
 keys (Gaussian K/V/q), batch 1 and 16, n = 32K and 128K. Timed in the same run:
 
-- SANTA prop (S = 128, alloc=global_sys: scores + stash, budgets, sparse V gather, the bf16
-  cast) and flash (S = 2048: per-tile draws, merge), each a whole `santa_decode` call
-  including the uniforms it draws (torch.rand);
+- SANTA prop (S = 128, alloc=global_sys: scores + stash with the tile budgets in the last
+  program of each KV head, then the sparse V gather with the cast in its last program) and
+  flash (S = 2048: per-tile draws, merge), each a whole `santa_decode` call including the
+  uniforms it draws (torch.rand);
 - dense SDPA decode (the faster of the MHA form with the G query heads as rows and
   `enable_gqa=True`), FlexAttention (compiled, no mask; batch 1), sas dense decode
   (`SASAttnKernel(Causal())` over its own cache);

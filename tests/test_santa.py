@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +24,7 @@ from sas.methods.santa import (METHODS, SantaRandom, bernoulli_query, count_form
                                flash_reference, probabilities, prop_reference, sample_counts, tile_budgets,
                                tile_weights, uniforms_shape)
 from sas.methods.santa_runtime import SantaOptions, santa_decode
+from sas.methods.santa_triton import _counts
 from sas.runtime.kernel import SASAttnKernel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -295,6 +298,58 @@ def test_kernels_match_the_reference_draw_for_draw(strategy, alloc, dtype, shape
     # the same uniforms give the same output again
     again = santa_decode(q, k, v, n_keys, opts, mask=mask, uniforms=res.uniforms)
     torch.testing.assert_close(again.out, res.out, atol=1e-6, rtol=0)
+
+
+@triton.jit
+def counts_kernel(X, A0, ST, C, BLOCK_N: tl.constexpr):
+    """The kernels' fp32 count form `_counts` on 4 rows of BLOCK_N keys."""
+    rows = tl.arange(0, 4)
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(X + rows[:, None] * BLOCK_N + cols[None, :])
+    c = _counts(x, tl.load(A0 + rows), tl.load(ST + rows), BLOCK_N)
+    tl.store(C + rows[:, None] * BLOCK_N + cols[None, :], c)
+
+
+@pytest.mark.kernels
+def test_kernel_counts_draw_exactly_st_when_fp32_prefix_sums_round_across_an_integer():
+    """Where fp32 `P_n - x_n` and `P_{n-1}` round to either side of an integer, the count form
+    loses a draw or counts one twice; the difference to the tile's draws goes to the last key
+    with mass (lost) or is taken from the key with most draws (gained). Elsewhere the counts are
+    the float64 count form's."""
+    x = torch.zeros(4, 16)
+    x[0, :2] = torch.tensor([1 - 2.0 ** -24, 3.0])      # P_1 = fl(4 - 2^-24) = 4, P_1 - x_1 = 1 > P_0: one lost
+    x[1, :2] = torch.tensor([1.0, 2.0 ** -24])          # P_1 = 1, P_1 - x_1 < 1 = P_0: one counted twice
+    x[2:] = torch.rand(2, 16, generator=torch.Generator().manual_seed(3)) * 0.7      # ordinary rows
+    a0 = torch.tensor([0.0, 0.0, 0.25, 0.9])
+    ref = count_form(x.double(), a0.double()[:, None])
+    st = torch.tensor([4.0, 1.0, *ref[2:].sum(-1).tolist()])
+    c = torch.empty(4, 16, device=DEV)
+    counts_kernel[(1,)](x.to(DEV), a0.to(DEV), st.to(DEV), c, BLOCK_N=16)
+    c = c.cpu()
+    assert (c.sum(-1) == st).all() and (c >= 0).all()
+    assert c[0, :2].tolist() == [0.0, 4.0] and c[1, :2].tolist() == [0.0, 1.0]
+    assert (c[2:] == ref[2:].float()).all()
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("fused_tiles,chunk", [(2, 2), (2, 8)])
+def test_prop_budget_launch_over_tile_chunks_matches_the_reference(monkeypatch, fused_tiles, chunk):
+    """More tiles than the scores kernel's last program takes: the budgets run as a launch of
+    their own, over chunks of tiles (a carried prefix) or in one chunk; same draws as the
+    float64 reference, exactly S per head, and the scratch buffers reused by the next call."""
+    import sas.methods.santa_runtime as rt
+
+    monkeypatch.setattr(rt, "FUSED_BUDGET_TILES", fused_tiles)
+    monkeypatch.setattr(rt, "BUDGET_CHUNK", chunk)
+    q, k, v = kv_inputs(1, 6, 2, 80, 16, torch.float32, seed=21)
+    opts = SantaOptions(n=24, tile=16)
+    for n_keys in (80, 77):                          # 5 tiles, then the same buffers again
+        res = santa_decode(q, k, v, n_keys, opts, SantaRandom(n_keys), return_counts=True)
+        kk, vv = k[:, :, :n_keys].cpu(), v[:, :, :n_keys].cpu()
+        ref, rc = prop_reference(q.cpu(), kk, vv, 24, res.uniforms.cpu(), tile=16)
+        assert (res.counts.cpu() != rc).sum() <= 2
+        assert (res.counts.sum(-1) == 24).all()
+        torch.testing.assert_close(res.out.cpu(), estimate(res.counts.cpu(), vv, 24).float(), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.kernels

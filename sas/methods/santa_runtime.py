@@ -29,6 +29,20 @@ from sas.methods.santa_triton import (santa_flash_kernel, santa_flash_merge_kern
 
 LOG2E = 1.4426950408889634
 DEFAULT_TILE = {"prop": 256, "flash": 256}
+# prop's global_sys budgets run in the scores kernel's last program per KV head up to this many
+# tiles (128K keys at tile 256: more would cost the scores kernel registers), else in a launch of
+# their own over chunks of BUDGET_CHUNK tiles
+FUSED_BUDGET_TILES = 512
+BUDGET_CHUNK = 1024
+# prop's score pass on a GPU: about SCORE_PROGRAMS_PER_SM programs per multiprocessor (one
+# wave), each streaming a run of tiles with its K loads pipelined SCORE_STAGES deep; the
+# gather's warps and the drawn keys it compacts at a time (None: by group size). Chosen on an
+# H100 (docs/santa.md)
+SCORE_PROGRAMS_PER_SM = 1
+SCORE_STAGES = 3
+SCORE_WARPS = 8
+GATHER_WARPS: int | None = None
+GATHER_R: int | None = None
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -145,15 +159,13 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     kc, vc = k_cache.contiguous(), v_cache.contiguous()
     ncap = kc.shape[2]
     has_mask = mask is not None
-    mk = mask.to(device=dev, dtype=torch.int8).contiguous() if has_mask else torch.zeros(1, dtype=torch.int8,
-                                                                                        device=dev)
+    mk = mask.to(device=dev, dtype=torch.int8).contiguous() if has_mask else _dummy(dev, torch.int8)
     counts = torch.zeros(b * hq, t * block_n, dtype=torch.int32, device=dev) if return_counts else \
-        torch.zeros(1, dtype=torch.int32, device=dev)
+        _dummy(dev, torch.int32)
     grid = (b * hkv, t)
     qk_scale_log2 = scale * LOG2E
-    # 256 x 128 tiles without register spills (ptxas, sm_90): scores and flash 8 warps, gather 16
+    # 256 x 128 tiles without register spills (ptxas, sm_90): 8 warps
     warps = 8 if block_n * block_d >= 16384 else 4
-    gather_warps = 16 if block_n * block_d >= 16384 else 4
     if options.strategy == "flash":
         u = random.uniform((b, hq, t), dev) if uniforms is None else uniforms
         _check_uniforms(u, (b, hq, t), "flash")
@@ -169,37 +181,213 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, BLOCK_T=min(_pow2(t), 64),
                                             BLOCK_D=block_d)
         return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
-    # prop
-    stash_dtype = torch.float32 if options.stash == "float32" else k_cache.dtype
-    stash = torch.empty(b * hq, t * block_n, dtype=stash_dtype, device=dev)
-    m_t = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
-    l_t = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
-    santa_prop_scores_kernel[grid](qc, kc, mk, stash, m_t, l_t, ncap, n_keys, g, d, t, qk_scale_log2,
-                                   BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask,
-                                   UPCAST=upcast, DOT_PRECISION=precision, num_warps=warps)
-    out32 = torch.empty(b * hq, d, dtype=torch.float32, device=dev)
-    if options.alloc == "global_sys":
+    # prop: two launches (scores + stash, with the budgets in the last program of each KV head;
+    # gather, with the cast in the last program of each KV head) on scratch buffers kept per shape
+    plan = _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q.dtype, k_cache.dtype, options, has_mask,
+                      return_counts, interp, precision, upcast)
+    if plan.global_sys:
         u = random.uniform((b, hq, 1), dev) if uniforms is None else uniforms
         _check_uniforms(u, (b, hq, 1), "prop (alloc='global_sys')")
-        inv = torch.empty(b * hq, t, dtype=torch.float32, device=dev)
-        off = torch.empty_like(inv)
-        st = torch.empty(b * hq, t, dtype=torch.int32, device=dev)
-        santa_prop_budget_kernel[(b * hq,)](m_t, l_t, u.contiguous(), inv, off, st, out32, t, d, float(options.n),
-                                            BLOCK_T=_pow2(t), BLOCK_D=block_d)
     else:
         u = random.uniform((b, hq, t), dev) if uniforms is None else uniforms
         _check_uniforms(u, (b, hq, t), "prop (alloc='largest_remainder')")
-        bud = tile_budgets(m_t.double() / LOG2E, l_t.double(), options.n, "largest_remainder",
+    u = u.contiguous()
+    bufs = plan.bufs
+    n_flags = (n_keys % 16 == 0, n_keys == 1)
+    plan.scores(plan.score_grid, (_aligned(qc), _aligned(kc), _aligned(mk), _aligned(u), n_flags),
+                (qc, kc, mk, bufs.stash, bufs.m_t, bufs.l_t, bufs.cnt, u, bufs.inv, bufs.off, bufs.st, ncap, n_keys,
+                 g, d, t, plan.tpp, scale * LOG2E, float(options.n)), dev)
+    if plan.budget is not None:
+        plan.budget((b * hkv, 1, 1), (_aligned(u),), (bufs.m_t, bufs.l_t, u, bufs.inv, bufs.off, bufs.st, g, t,
+                                                     float(options.n)), dev)
+    if plan.global_sys:
+        inv, off, st = bufs.inv, bufs.off, bufs.st
+    else:
+        bud = tile_budgets(bufs.m_t.double() / LOG2E, bufs.l_t.double(), options.n, "largest_remainder",
                            u.reshape(b * hq, t))
         inv = bud.inv.float().contiguous()
         off = bud.offset.float().contiguous()
         st = bud.samples.to(torch.int32).contiguous()
-        out32.zero_()
-    santa_prop_gather_kernel[grid](stash, inv, off, st, vc, out32, counts, ncap, n_keys, g, d, t, 1.0 / options.n,
-                                   BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, STORE_COUNTS=return_counts,
-                                   LOWP=lowp, BIG=options.n > 256, num_warps=gather_warps)
-    out = out32.reshape(b, hq, d).to(q.dtype)
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
+    plan.gather(plan.gather_grid, (_aligned(inv), _aligned(off), _aligned(st), _aligned(vc), _aligned(out),
+                                   _aligned(counts), n_flags),
+                (bufs.stash, inv, off, st, vc, bufs.out32, out, plan.cnt_gather, counts, ncap, n_keys, g, d, t,
+                 1.0 / options.n), dev)
     return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    return x.data_ptr() % 16 == 0
+
+
+try:
+    from triton import knobs as _knobs
+    from triton.runtime import driver as _driver
+except ImportError:          # pragma: no cover - an older Triton: every launch takes the ordinary path
+    _knobs = _driver = None
+FAST_LAUNCH = True
+
+
+class _Launch:
+    """Launches one `@triton.jit` kernel with fixed compile-time arguments. The first launch of
+    each specialization goes through Triton (`kernel[grid](...)`, which compiles or finds the
+    kernel); later ones call the compiled kernel's launcher directly, skipping Triton's per-call
+    argument binding (most of a launch's ~20 us of host time). The key of a specialization is
+    what Triton specializes on: 16-byte alignment of the per-call pointers and the per-call
+    integers (equal to 1, divisible by 16); everything else is fixed by the plan that owns this."""
+
+    def __init__(self, kernel, constexprs: dict[str, Any], launch: dict[str, Any]):
+        self.kernel = kernel
+        self.constexprs = constexprs
+        self.launch = launch
+        names = list(kernel.arg_names)
+        self.tail = tuple(constexprs[n] for n in names[len(names) - len(constexprs):])
+        assert set(names[len(names) - len(constexprs):]) == set(constexprs), "constexprs must come last"
+        self.compiled: dict[tuple, Any] = {}
+
+    def __call__(self, grid: tuple[int, int, int], key: tuple, args: tuple, dev: torch.device) -> None:
+        ck = self.compiled.get(key) if FAST_LAUNCH else None
+        if ck is not None and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None:
+            stream = _stream(dev)
+            ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args,
+                   *self.tail)
+            return
+        ck = self.kernel[grid](*args, **self.constexprs, **self.launch)
+        if (_knobs is not None and dev.type == "cuda" and not _interpreting() and hasattr(ck, "run")
+                and hasattr(ck, "packed_metadata") and hasattr(ck, "function")):
+            self.compiled[key] = ck
+
+
+@dataclass
+class _PropPlan:
+    bufs: "_PropScratch"
+    global_sys: bool
+    tpp: int
+    score_grid: tuple[int, int, int]
+    gather_grid: tuple[int, int, int]
+    scores: _Launch
+    budget: _Launch | None
+    gather: _Launch
+    cnt_gather: torch.Tensor
+
+
+_PLANS: dict[tuple, _PropPlan] = {}
+_PLANS_MAX = 64
+
+
+def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, has_mask, return_counts, interp,
+               precision, upcast) -> _PropPlan:
+    """Everything of a prop step that its shapes and options fix: scratch buffers, grids,
+    compile-time arguments and launchers (kept, so a step costs little host time)."""
+    stream = _stream(dev)
+    knobs = (SCORE_PROGRAMS_PER_SM, SCORE_STAGES, SCORE_WARPS, GATHER_WARPS, GATHER_R, FUSED_BUDGET_TILES,
+             BUDGET_CHUNK)
+    key = (dev.type, dev.index, stream, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options.n, options.alloc,
+           options.stash, has_mask, return_counts, interp, precision, knobs)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    g = hq // hkv
+    block_g, block_d, gblock = _pow2(g, 16), _pow2(d, 16), _pow2(g)
+    bufs = _prop_scratch(dev, b * hq, b * hkv, t, block_n, d,
+                         torch.float32 if options.stash == "float32" else k_dtype)
+    global_sys = options.alloc == "global_sys"
+    fused = global_sys and t <= FUSED_BUDGET_TILES
+    if interp:
+        tpp, stages, score_warps = 2, 1, 8 if block_n * block_d >= 16384 else 4   # two tiles a program: tested
+    else:
+        want = max(1, _sm_count(dev) * SCORE_PROGRAMS_PER_SM // (b * hkv))     # one wave
+        tpp = -(-t // min(t, want))
+        stages, score_warps = SCORE_STAGES, SCORE_WARPS
+    scores = _Launch(santa_prop_scores_kernel,
+                     dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask, UPCAST=upcast,
+                          DOT_PRECISION=precision, BUDGETS=fused, BLOCK_GB=gblock, BLOCK_T=_pow2(t), STAGES=stages),
+                     dict(num_warps=score_warps))
+    budget = None
+    if global_sys and not fused:
+        chunk = min(_pow2(t), BUDGET_CHUNK)
+        budget = _Launch(santa_prop_budget_kernel, dict(BLOCK_GB=gblock, BLOCK_T=chunk, ONE_CHUNK=t <= chunk), {})
+    gather = _Launch(santa_prop_gather_kernel,
+                     dict(BLOCK_G=gblock, BLOCK_N=block_n, BLOCK_D=block_d,
+                          BLOCK_R=GATHER_R or max(2, 32 // gblock), STORE_COUNTS=return_counts),
+                     dict(num_warps=GATHER_WARPS or max(2, min(16, gblock * block_n // 512))))
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.pop(next(iter(_PLANS)))
+    plan = _PLANS[key] = _PropPlan(bufs, global_sys, tpp, (b * hkv, -(-t // tpp), 1), (b * hkv, t, 1), scores,
+                                   budget, gather, bufs.cnt[b * hkv:])
+    return plan
+
+
+def _stream(dev: torch.device) -> int:
+    if dev.type != "cuda":
+        return 0
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return _driver.active.get_current_stream(index) if _driver is not None else \
+        torch.cuda.current_stream(dev).cuda_stream
+
+
+@dataclass
+class _PropScratch:
+    stash: torch.Tensor
+    m_t: torch.Tensor
+    l_t: torch.Tensor
+    inv: torch.Tensor
+    off: torch.Tensor
+    st: torch.Tensor
+    out32: torch.Tensor     # zero between calls: the gather's last program per KV head re-zeroes its rows
+    cnt: torch.Tensor       # [2 B Hkv] arrival counters (scores, gather), zero between calls likewise
+
+
+_SCRATCH: dict[tuple, tuple[int, dict[str, torch.Tensor]]] = {}
+_SCRATCH_MAX = 8
+
+
+def _prop_scratch(dev: torch.device, rows: int, kv_rows: int, t: int, block_n: int, d: int,
+                  stash_dtype: torch.dtype) -> _PropScratch:
+    """The prop step's scratch buffers, kept per (device, stream, heads, head dim, tile, stash
+    dtype) and grown with the number of tiles, so a decode step allocates nothing but its output.
+    The counters and the fp32 output rows are left at zero by the kernels themselves."""
+    key = (str(dev), _stream(dev), rows, kv_rows, block_n, d, stash_dtype)
+    have = _SCRATCH.get(key)
+    if have is None or have[0] < t:
+        _PLANS.clear()              # plans hold views of the buffers replaced here (or evicted below)
+        cap = max(t, 2 * have[0] if have is not None else t)
+        f32 = dict(dtype=torch.float32, device=dev)
+        old = have[1] if have is not None else None
+        buf = {"stash": torch.empty(rows * cap * block_n, dtype=stash_dtype, device=dev),
+               "m_t": torch.empty(rows * cap, **f32), "l_t": torch.empty(rows * cap, **f32),
+               "inv": torch.empty(rows * cap, **f32), "off": torch.empty(rows * cap, **f32),
+               "st": torch.empty(rows * cap, dtype=torch.int32, device=dev),
+               "out32": old["out32"] if old is not None else torch.zeros(rows * d, **f32),
+               "cnt": old["cnt"] if old is not None else torch.zeros(2 * kv_rows, dtype=torch.int32, device=dev)}
+        if len(_SCRATCH) >= _SCRATCH_MAX and key not in _SCRATCH:
+            _SCRATCH.pop(next(iter(_SCRATCH)))
+        have = _SCRATCH[key] = (cap, buf)
+    buf = have[1]
+    return _PropScratch(buf["stash"][:rows * t * block_n].view(rows, t * block_n),
+                        *(buf[k][:rows * t].view(rows, t) for k in ("m_t", "l_t", "inv", "off")),
+                        buf["st"][:rows * t].view(rows, t), buf["out32"].view(rows, d), buf["cnt"])
+
+
+_SM_COUNT: dict[str, int] = {}
+
+
+def _sm_count(dev: torch.device) -> int:
+    key = str(dev)
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SM_COUNT[key]
+
+
+_DUMMIES: dict[tuple, torch.Tensor] = {}
+
+
+def _dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element stand-in for an unused pointer argument (never read or written)."""
+    key = (str(dev), dtype)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=dev)
+    return _DUMMIES[key]
 
 
 def _counts(counts: torch.Tensor, b: int, hq: int, n_keys: int) -> torch.Tensor:

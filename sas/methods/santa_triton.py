@@ -7,15 +7,18 @@ Both strategies of the paper (section 3) realise systematic sampling with the co
 The G query heads of a KV head are the rows of one program (padded to BLOCK_G >= 16 for
 `tl.dot`); scores are kept in the log2 domain (`qk_scale_log2 = scale * log2(e)`).
 
-- **prop** (three launches): `santa_prop_scores_kernel`, grid (B*Hkv, T): scores of one
-  BLOCK_N tile, its max m_t and sum l_t, and the stash `u_n = exp2(s_n - m_t)` (STASH
-  [B*Hq, T*BLOCK_N], fp32 or the cache dtype). `santa_prop_budget_kernel`, one program per
-  query head: the global systematic tile offsets and scales (alloc="global_sys", one uniform
-  per head; largest_remainder budgets are computed on the host) and zeroes the fp32 output
-  rows. `santa_prop_gather_kernel`, grid (B*Hkv, T): counts from the stash, then only the V
-  rows some head of the group drew are loaded (masked loads: rows nobody drew cost no memory
-  traffic), `sum c V / S` added atomically into the output. Tiles where no head draws skip
-  everything.
+- **prop** (two launches): `santa_prop_scores_kernel`, grid (B*Hkv, P): each program streams
+  a run of TPP BLOCK_N tiles of its KV head (K loads software-pipelined): scores, the tile's max
+  m_t and sum l_t, and the stash `u_n = exp2(s_n - m_t)` (STASH [B*Hq, T*BLOCK_N], fp32 or the
+  cache dtype). With alloc="global_sys" the last program of a KV head to finish (an atomic
+  arrival counter, left at 0) computes the global systematic tile offsets, scales and draws of
+  its G query heads (one uniform per head); past FUSED_BUDGET_TILES tiles
+  `santa_prop_budget_kernel` does this as a launch of its own, and largest_remainder budgets
+  are computed on the host. `santa_prop_gather_kernel`, grid (B*Hkv, T): counts from the
+  stash, the union of the drawn keys compacted (only their V rows are loaded), `sum c V / S`
+  added atomically into fp32 rows; the last program of a KV head writes them to the output in
+  its dtype and zeroes them (no memset or cast launch). Tiles where no head draws skip the
+  counting.
 - **flash** (two launches): `santa_flash_kernel`, grid (B*Hkv, T): scores, (m_t, l_t) and
   S_TILE systematic draws from the tile's own softmax in one pass, partial `sum c V / S_TILE`;
   `santa_flash_merge_kernel` merges the T partials with the exact weights exp2(m_t - m*) l_t.
@@ -28,23 +31,32 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2,
-                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Log2-domain scores [BLOCK_G, BLOCK_N] of tile t (-inf where a key is absent), the key
-    indices and their validity."""
+def _load_q(Q, bh, G, D, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """The G query rows of KV head bh, padded to BLOCK_G rows (zeros)."""
     rows = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + (bh * G + rows[:, None]) * D + dims[None, :],
+                mask=(rows[:, None] < G) & (dims[None, :] < D), other=0.0)
+    if UPCAST:  # Triton's CPU interpreter has no bf16 arithmetic: compute in fp32 there
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _scores_with(q, K, MASK, bh, t, NCAP, N, D, qk_scale_log2,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Log2-domain scores [BLOCK_G, BLOCK_N] of tile t (-inf where a key is absent), the key
+    indices and their validity. K rows below N are read whether or not MASK keeps them (the
+    K load does not wait on the mask load)."""
     dims = tl.arange(0, BLOCK_D)
     keys = t * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = keys < N
-    if HAS_MASK:
-        ok = ok & (tl.load(MASK + keys, mask=ok, other=0) != 0)
-    q = tl.load(Q + (bh * G + rows[:, None]) * D + dims[None, :],
-                mask=(rows[:, None] < G) & (dims[None, :] < D), other=0.0)
     kv_base = bh.to(tl.int64) * NCAP * D
     k = tl.load(K + kv_base + keys[:, None] * D + dims[None, :], mask=ok[:, None] & (dims[None, :] < D), other=0.0)
-    if UPCAST:  # Triton's CPU interpreter has no bf16 arithmetic: compute in fp32 there
-        q = q.to(tl.float32)
+    if HAS_MASK:
+        ok = ok & (tl.load(MASK + keys, mask=ok, other=0) != 0)
+    if UPCAST:
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
     s = tl.where(ok[None, :], s, float("-inf"))
@@ -52,17 +64,29 @@ def _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2,
 
 
 @triton.jit
+def _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2,
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    q = _load_q(Q, bh, G, D, BLOCK_G, BLOCK_D, UPCAST)
+    return _scores_with(q, K, MASK, bh, t, NCAP, N, D, qk_scale_log2, BLOCK_N, BLOCK_D, HAS_MASK, UPCAST,
+                        DOT_PRECISION)
+
+
+@triton.jit
 def _counts(x, a0, st, BLOCK_N: tl.constexpr):
-    """The count form with the tile's draws fixed to `st` (per row): counts capped at st, and a
-    draw lost to fp32 rounding at the tile's end goes to its last key with x > 0 (spec P5)."""
+    """The count form with the tile's draws fixed to `st` (per row), capped at st. fp32 prefix
+    sums can gain or lose a draw where `a0 + P_n - x_n` and `a0 + P_{n-1}` round to either side
+    of an integer (spec P5): the difference to st goes to the row's last key with x > 0 (a lost
+    draw) or is taken from its key with most draws (a gained one), so every row draws exactly st."""
     p_inc = tl.cumsum(x, axis=1)
     f_inc = tl.minimum(tl.floor(a0[:, None] + p_inc), st[:, None])
     f_exc = tl.minimum(tl.floor(a0[:, None] + (p_inc - x)), st[:, None])
     c = f_inc - f_exc
     cols = tl.arange(0, BLOCK_N)
+    deficit = st - tl.sum(c, axis=1)
     last = tl.max(tl.where(x > 0, cols[None, :], -1), axis=1)
-    deficit = st - tl.max(f_inc, axis=1)
-    return c + tl.where(cols[None, :] == last[:, None], deficit[:, None], 0.0)
+    at = tl.where(deficit >= 0, last, tl.argmax(c, axis=1))
+    return c + tl.where(cols[None, :] == at[:, None], deficit[:, None], 0.0)
 
 
 @triton.jit
@@ -87,83 +111,193 @@ def _gather(c, V, bh, keys, NCAP, D, BLOCK_D: tl.constexpr, LOWP: tl.constexpr, 
 
 
 @triton.jit
-def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, NCAP, N, G, D, T, qk_scale_log2,
-                             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                             HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
-    t = tl.program_id(1)
-    s, keys, ok = _tile_scores(Q, K, MASK, bh, t, NCAP, N, G, D, qk_scale_log2, BLOCK_G, BLOCK_N, BLOCK_D,
-                               HAS_MASK, UPCAST, DOT_PRECISION)
-    m = tl.max(s, axis=1)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    u = tl.exp2(s - m_safe[:, None]).to(STASH.dtype.element_ty)
-    l = tl.sum(u.to(tl.float32), axis=1)      # the sum of what is stashed: the tile's draws add up exactly
-    rows = tl.arange(0, BLOCK_G)
-    row_ok = rows < G
-    hrow = bh * G + rows
-    tl.store(STASH + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :],
-             u, mask=row_ok[:, None])
-    tl.store(M_T + hrow * T + t, m_safe, mask=row_ok)
-    tl.store(L_T + hrow * T + t, l, mask=row_ok)
-
-
-@triton.jit
-def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, OUT, T, D, n_samples,
-                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One query head (alloc="global_sys"): a0 = U0[h]; C_t = S sum_{t'<=t} W_t'/Z;
-    offset frac(a0 + C_{t-1}); inv = S exp2(m_t - m*) / Z; draws floor(a0 + C_t) - floor(a0 + C_{t-1})."""
-    h = tl.program_id(0)
-    ts = tl.arange(0, BLOCK_T)
-    t_ok = ts < T
-    m = tl.load(M_T + h * T + ts, mask=t_ok, other=0.0)
-    l = tl.load(L_T + h * T + ts, mask=t_ok, other=0.0)
+def _budget_pass(m, l, a0, t_ok, carry, n_samples, z, mstar):
+    """Tile offsets and draws of one chunk of tiles (rows = query heads): C_t = carry + cumsum of
+    S W_t / Z; offset frac(a0 + C_{t-1}); draws floor(a0 + C_t) - floor(a0 + C_{t-1})."""
     live = l > 0
-    mstar = tl.max(tl.where(live, m, float("-inf")), axis=0)
-    scale = tl.where(live, tl.exp2(m - mstar), 0.0)
+    scale = tl.where(live & t_ok, tl.exp2(m - mstar[:, None]), 0.0)
     w = scale * l
-    z = tl.sum(w, axis=0)
-    share = w * (n_samples / z)
-    c_inc = tl.cumsum(share, axis=0)
+    share = w * (n_samples / z)[:, None]
+    c_inc = carry[:, None] + tl.cumsum(share, axis=1)
     c_exc = c_inc - share
-    a0 = tl.load(U0 + h)
-    lo = a0 + c_exc
+    lo = a0[:, None] + c_exc
     off = lo - tl.floor(lo)
-    draws = tl.where(t_ok, tl.floor(a0 + c_inc) - tl.floor(lo), 0.0)
-    # fp32 prefix sums over many tiles can lose or gain a draw: the tile with most draws takes the fix
-    fix = n_samples - tl.sum(draws, axis=0)
-    draws += tl.where(ts == tl.argmax(draws, axis=0), fix, 0.0)
-    tl.store(INV + h * T + ts, scale * (n_samples / z), mask=t_ok)
-    tl.store(OFF + h * T + ts, off, mask=t_ok)
-    tl.store(ST + h * T + ts, draws.to(tl.int32), mask=t_ok)
-    dims = tl.arange(0, BLOCK_D)
-    tl.store(OUT + h * D + dims, tl.zeros([BLOCK_D], tl.float32), mask=dims < D)
+    draws = tl.where(t_ok, tl.floor(a0[:, None] + c_inc) - tl.floor(lo), 0.0)
+    inv = scale * (n_samples / z)[:, None]
+    return inv, off, draws, c_inc
 
 
 @triton.jit
-def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT, COUNTS, NCAP, N, G, D, T, inv_samples,
+def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, h0, G, T, n_samples,
+                  BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr):
+    """alloc="global_sys" budgets of query heads h0 .. h0+G-1 (one uniform a0 each):
+    inv_t = S exp2(m_t - m*) / Z, offsets frac(a0 + C_{t-1}), draws per tile. fp32 prefix sums
+    over many tiles can lose or gain a draw: the tile with most draws takes the fix. M_T / L_T
+    were written by other programs of this launch: volatile loads (no stale L1 line)."""
+    rows = tl.arange(0, BLOCK_GB)
+    row_ok = rows < G
+    hrow = h0 + rows
+    ts0 = tl.arange(0, BLOCK_T)
+    a0 = tl.load(U0 + hrow, mask=row_ok, other=0.0)
+    base = hrow[:, None] * T
+    if ONE_CHUNK:
+        t_ok = row_ok[:, None] & (ts0[None, :] < T)
+        m = tl.load(M_T + base + ts0[None, :], mask=t_ok, other=0.0, volatile=True)
+        l = tl.load(L_T + base + ts0[None, :], mask=t_ok, other=0.0, volatile=True)
+        mstar = tl.max(tl.where(l > 0, m, float("-inf")), axis=1)
+        mstar = tl.where(mstar == float("-inf"), 0.0, mstar)
+        z = tl.sum(tl.where(l > 0, tl.exp2(m - mstar[:, None]), 0.0) * l, axis=1)
+        z = tl.where(z > 0, z, 1.0)
+        inv, off, draws, c_inc = _budget_pass(m, l, a0, t_ok, tl.zeros([BLOCK_GB], tl.float32), n_samples, z,
+                                              mstar)
+        fix = n_samples - tl.sum(draws, axis=1)
+        draws += tl.where(ts0[None, :] == tl.argmax(draws, axis=1)[:, None], fix[:, None], 0.0)
+        tl.store(INV + base + ts0[None, :], inv, mask=t_ok)
+        tl.store(OFF + base + ts0[None, :], off, mask=t_ok)
+        tl.store(ST + base + ts0[None, :], draws.to(tl.int32), mask=t_ok)
+    else:
+        mstar = tl.full([BLOCK_GB], float("-inf"), tl.float32)
+        for t0 in tl.range(0, T, BLOCK_T, num_stages=1):
+            ts = t0 + ts0
+            t_ok = row_ok[:, None] & (ts[None, :] < T)
+            m = tl.load(M_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            l = tl.load(L_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            mstar = tl.maximum(mstar, tl.max(tl.where(l > 0, m, float("-inf")), axis=1))
+        mstar = tl.where(mstar == float("-inf"), 0.0, mstar)
+        z = tl.zeros([BLOCK_GB], tl.float32)
+        for t0 in tl.range(0, T, BLOCK_T, num_stages=1):
+            ts = t0 + ts0
+            t_ok = row_ok[:, None] & (ts[None, :] < T)
+            m = tl.load(M_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            l = tl.load(L_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            z += tl.sum(tl.where(l > 0, tl.exp2(m - mstar[:, None]), 0.0) * l, axis=1)
+        z = tl.where(z > 0, z, 1.0)
+        carry = tl.zeros([BLOCK_GB], tl.float32)
+        total = tl.zeros([BLOCK_GB], tl.float32)
+        best = tl.full([BLOCK_GB], -1.0, tl.float32)
+        best_t = tl.zeros([BLOCK_GB], tl.int32)
+        for t0 in tl.range(0, T, BLOCK_T, num_stages=1):
+            ts = t0 + ts0
+            t_ok = row_ok[:, None] & (ts[None, :] < T)
+            m = tl.load(M_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            l = tl.load(L_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
+            inv, off, draws, c_inc = _budget_pass(m, l, a0, t_ok, carry, n_samples, z, mstar)
+            tl.store(INV + base + ts[None, :], inv, mask=t_ok)
+            tl.store(OFF + base + ts[None, :], off, mask=t_ok)
+            tl.store(ST + base + ts[None, :], draws.to(tl.int32), mask=t_ok)
+            total += tl.sum(draws, axis=1)
+            cmax = tl.max(draws, axis=1)
+            carg = tl.argmax(draws, axis=1) + t0
+            better = cmax > best
+            best_t = tl.where(better, carg, best_t)
+            best = tl.where(better, cmax, best)
+            carry = tl.max(tl.where(t_ok, c_inc, 0.0), axis=1)      # C_t is non-decreasing
+        fix = n_samples - total
+        tl.debug_barrier()           # the chunk's stores before the fix overwrites one of them
+        tl.store(ST + hrow * T + best_t, (best + fix).to(tl.int32), mask=row_ok & (fix != 0))
+
+
+@triton.jit
+def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, CNT, U0, INV, OFF, ST, NCAP, N, G, D, T, TPP,
+                             qk_scale_log2, n_samples,
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                             STORE_COUNTS: tl.constexpr, LOWP: tl.constexpr, BIG: tl.constexpr):
+                             HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                             BUDGETS: tl.constexpr, BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr,
+                             STAGES: tl.constexpr):
+    """Grid (B*Hkv, P): program p streams tiles [p TPP, (p+1) TPP) of its KV head (K loads
+    software-pipelined STAGES deep): scores, (m_t, l_t) and the stash of each tile. With BUDGETS
+    (alloc="global_sys", T <= BLOCK_T) the last program of a KV head to finish (an atomic
+    counter per KV head, reset to 0 by that program) computes the tile budgets of its G query
+    heads."""
+    bh = tl.program_id(0)
+    p = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_G)
+    row_ok = rows < G
+    hrow = bh * G + rows
+    q = _load_q(Q, bh, G, D, BLOCK_G, BLOCK_D, UPCAST)
+    t_hi = tl.minimum(p * TPP + TPP, T)
+    for t in tl.range(p * TPP, t_hi, num_stages=STAGES):
+        s, keys, ok = _scores_with(q, K, MASK, bh, t, NCAP, N, D, qk_scale_log2, BLOCK_N, BLOCK_D, HAS_MASK,
+                                   UPCAST, DOT_PRECISION)
+        m = tl.max(s, axis=1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        u = tl.exp2(s - m_safe[:, None]).to(STASH.dtype.element_ty)
+        l = tl.sum(u.to(tl.float32), axis=1)      # the sum of what is stashed: the tile's draws add up exactly
+        tl.store(STASH + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :],
+                 u, mask=row_ok[:, None])
+        tl.store(M_T + hrow * T + t, m_safe, mask=row_ok)
+        tl.store(L_T + hrow * T + t, l, mask=row_ok)
+    if BUDGETS:
+        tl.debug_barrier()                   # every thread's (m_t, l_t) stores before the release
+        done = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
+        if done == tl.num_programs(1) - 1:
+            _prop_budgets(M_T, L_T, U0, INV, OFF, ST, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, True)
+            tl.atomic_xchg(CNT + bh, 0)
+
+
+@triton.jit
+def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, G, T, n_samples,
+                             BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr):
+    """The global_sys budgets of one KV head's G query heads as a launch of its own: for more
+    tiles than the scores kernel's last program takes (T chunks of BLOCK_T)."""
+    bh = tl.program_id(0)
+    _prop_budgets(M_T, L_T, U0, INV, OFF, ST, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, ONE_CHUNK)
+
+
+@triton.jit
+def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NCAP, N, G, D, T, inv_samples,
+                             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_R: tl.constexpr, STORE_COUNTS: tl.constexpr):
+    """Counts of tile t for the G heads (rows, BLOCK_G = next power of two >= G) from the stash;
+    the union of the drawn keys is compacted BLOCK_R at a time (their V rows are the only ones
+    loaded), sum c V / S is added atomically into the fp32 rows OUT32; the last program of a KV
+    head to finish (atomic counter CNT, reset by it) writes those rows to OUT in its dtype and
+    zeroes them for the next call."""
     bh = tl.program_id(0)
     t = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
     row_ok = rows < G
     hrow = bh * G + rows
+    dims = tl.arange(0, BLOCK_D)
+    d_ok = dims < D
+    cols = tl.arange(0, BLOCK_N)
+    keys = t * BLOCK_N + cols
+    # every load of the tile's inputs at once (the stash read does not wait for the draws)
     draws = tl.load(ST + hrow * T + t, mask=row_ok, other=0)
+    inv = tl.load(INV + hrow * T + t, mask=row_ok, other=0.0)
+    a0 = tl.load(OFF + hrow * T + t, mask=row_ok, other=0.0)
+    u = tl.load(STASH + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :],
+                mask=row_ok[:, None] & (keys[None, :] < N), other=0.0).to(tl.float32)
     if tl.sum(draws, axis=0) > 0:
-        keys = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        u = tl.load(STASH + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :],
-                    mask=row_ok[:, None] & (keys[None, :] < N), other=0.0).to(tl.float32)
-        inv = tl.load(INV + hrow * T + t, mask=row_ok, other=0.0)
-        a0 = tl.load(OFF + hrow * T + t, mask=row_ok, other=0.0)
-        x = inv[:, None] * u
-        c = _counts(x, a0, draws.to(tl.float32), BLOCK_N)
+        c = _counts(inv[:, None] * u, a0, draws.to(tl.float32), BLOCK_N)
         if STORE_COUNTS:
             tl.store(COUNTS + hrow[:, None].to(tl.int64) * (T * BLOCK_N) + keys[None, :], c.to(tl.int32),
                      mask=row_ok[:, None])
-        acc = _gather(c, V, bh, keys, NCAP, D, BLOCK_D, LOWP, BIG)
-        dims = tl.arange(0, BLOCK_D)
-        tl.atomic_add(OUT + hrow[:, None] * D + dims[None, :], acc * inv_samples,
-                      mask=row_ok[:, None] & (dims[None, :] < D))
+        drawn = (tl.max(c, axis=0) > 0).to(tl.int32)
+        rank = tl.cumsum(drawn, axis=0)               # 1-based rank of a drawn key among the drawn
+        n_drawn = tl.sum(drawn, axis=0)
+        rs = tl.arange(0, BLOCK_R)
+        kv_base = bh.to(tl.int64) * NCAP * D
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for r0 in range(0, n_drawn, BLOCK_R):
+            want = (rank[None, :] == (r0 + 1 + rs)[:, None]) & (drawn[None, :] > 0)
+            idx = tl.sum(tl.where(want, cols[None, :], 0), axis=1)                 # [BLOCK_R] tile columns
+            r_ok = r0 + rs < n_drawn
+            cc = tl.gather(c, tl.broadcast_to(idx[None, :], [BLOCK_G, BLOCK_R]), axis=1)
+            v = tl.load(V + kv_base + (t * BLOCK_N + idx)[:, None] * D + dims[None, :],
+                        mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(cc[:, :, None] * v[None, :, :], axis=1)
+        tl.atomic_add(OUT32 + hrow[:, None] * D + dims[None, :], acc * inv_samples,
+                      mask=(row_ok & (draws > 0))[:, None] & d_ok[None, :], sem="relaxed")
+    tl.debug_barrier()                       # every thread's adds before the release
+    done = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
+    if done == T - 1:
+        fin = row_ok[:, None] & d_ok[None, :]
+        at = hrow[:, None] * D + dims[None, :]
+        o = tl.load(OUT32 + at, mask=fin, other=0.0, volatile=True)     # the adds of every program (acquired)
+        tl.store(OUT + at, o.to(OUT.dtype.element_ty), mask=fin)
+        tl.store(OUT32 + at, tl.zeros([BLOCK_G, BLOCK_D], tl.float32), mask=fin)
+        tl.atomic_xchg(CNT + bh, 0)
 
 
 @triton.jit
