@@ -392,7 +392,7 @@ def test_sas_attn_kernel_decode_is_systematic_over_the_causal_row():
     rnd = SantaRandom(5)
     for step, (o, c) in enumerate(zip(outs, counts)):
         i = 20 + step
-        u = rnd.uniform((1, 4, 1), "cpu")
+        u = rnd.uniform((1, 4, 1), DEV).cpu()    # the kernel's device draws (CPU and CUDA streams differ)
         ref, rc = prop_reference(q[:, :, i].cpu(), k[:, :, :i + 1].cpu(), v[:, :, :i + 1].cpu(), 8, u, tile=16)
         assert (c.cpu() != rc).sum() <= 2 and (c.sum(-1) == 8).all()
         if (c.cpu() == rc).all():
