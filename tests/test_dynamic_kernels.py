@@ -55,8 +55,9 @@ def check(static, region, dyn, *, N=26, prefill=9, B=2, Hq=4, Hkv=2, D=16, seed=
     return ker
 
 
-@pytest.mark.parametrize("refresh", [False, True])
-@pytest.mark.parametrize("prefill", [1, 9])
+# both refresh modes and both prompt lengths, in two of the four pairings (the Table-1 + H2O cases
+# below run both modes again)
+@pytest.mark.parametrize("refresh,prefill", [(True, 1), (False, 9)])
 def test_window_plus_h2o(refresh, prefill):
     ker = check(Diag(0, 4), Diag(4, None), Dynamic(budget=3, refresh=refresh), prefill=prefill, seed=prefill)
     assert ker.dynamic.cplan.static_size == 4
@@ -92,7 +93,7 @@ def test_table1_static_plus_h2o(name, refresh):
           seed=len(name))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=static_plus_h2o(), refresh=st.booleans(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
 def test_random_static_plus_h2o(case, refresh, prefill, seed):
     """Random compositions of every primitive and operator as the static part, H2O on what
