@@ -40,6 +40,19 @@ class FakeTokenizer:
         (Path(d) / "tokenizer.json").write_text("{}")
 
 
+class Converter:
+    """A `convert` callable that counts its calls (and may take its time)."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls = 0
+        self.delay = delay
+
+    def __call__(self) -> tuple[FakeModel, FakeTokenizer]:
+        self.calls += 1
+        time.sleep(self.delay)
+        return FakeModel(), FakeTokenizer()
+
+
 def _gguf(tmp_path: Path, name: str = "m.gguf", data: bytes = b"gguf") -> Path:
     p = tmp_path / name
     p.write_bytes(data)
@@ -49,15 +62,10 @@ def _gguf(tmp_path: Path, name: str = "m.gguf", data: bytes = b"gguf") -> Path:
 def test_converts_once_then_reads_the_entry(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(tmp_path / "cache"))
     f = _gguf(tmp_path)
-    calls = []
-
-    def convert():
-        calls.append(1)
-        return FakeModel(), FakeTokenizer()
-
+    convert = Converter()
     first = cached_checkpoint(f, convert)
     second = cached_checkpoint(f, convert)
-    assert first == second == entry_dir(tmp_path / "cache", f) and len(calls) == 1
+    assert first == second == entry_dir(tmp_path / "cache", f) and convert.calls == 1
     assert is_complete(first) and (first / "tokenizer.json").is_file()
     # no temporary folders or stray files are left beside the entry
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")) == [first.name]
@@ -110,28 +118,22 @@ def test_an_incomplete_entry_is_converted_again(tmp_path, monkeypatch):
     e = entry_dir(tmp_path / "cache", f)
     e.mkdir(parents=True)
     (e / "config.json").write_text("{}")       # no completion marker: a copy from a crashed run
-    calls = []
-    cached_checkpoint(f, lambda: (calls.append(1), (FakeModel(), FakeTokenizer()))[1])
-    assert calls == [1] and is_complete(e)
+    convert = Converter()
+    cached_checkpoint(f, convert)
+    assert convert.calls == 1 and is_complete(e)
 
 
 def test_concurrent_loaders_convert_once(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(tmp_path / "cache"))
     f = _gguf(tmp_path)
-    calls = []
-
-    def slow():
-        calls.append(1)
-        time.sleep(0.3)
-        return FakeModel(), FakeTokenizer()
-
+    slow = Converter(delay=0.3)
     out: list[Path | None] = []
     threads = [threading.Thread(target=lambda: out.append(cached_checkpoint(f, slow))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(calls) == 1 and len(set(out)) == 1 and is_complete(out[0])
+    assert slow.calls == 1 and len(set(out)) == 1 and is_complete(out[0])
 
 
 def test_smollm2_from_the_cache_equals_the_gguf_dequantization():
