@@ -114,7 +114,7 @@ def test_generate_dense_streams_the_greedy_reply(loaded):
     (["generate", "missing_pattern.py", "hi"], ["pattern file not found: missing_pattern.py"]),
     (["eval", "dense", "--passkey-depths", "0,1.5"], ["--passkey-depths must be comma-separated fractions in [0, 1]"]),
     (["eval", "dense", "--passkey-depths", "half"], ["--passkey-depths"]),
-    (["eval", "dense", "--backend", "cuda"], ["--backend must be one of auto, torch, triton, got 'cuda'"]),
+    (["eval", "dense", "--backend", "nki"], ["--backend must be one of auto, torch, triton, cuda, got 'nki'"]),
     (["generate", "dense", "hi", "--backend", "jax"], ["--backend must be one of"]),
     (["eval", "dense", "--dtype", "int8"], ["--dtype must be one of float32, bfloat16, float16"]),
     (["eval", "dense", "--mode", "sparse"], ["--mode must be one of prefill, decode"]),

@@ -45,6 +45,16 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None, pad_token_id=0)
 WINDOW = Diag(0, 5)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
+
+
+def find_nvcc_or_none() -> str | None:
+    from sas.codegen.cuda_backend import find_nvcc
+    from sas.errors import SASError
+
+    try:
+        return find_nvcc()
+    except SASError:
+        return None
 STRIDED = (Diag(0, 3) + Diag(0, None, stride=4)) * Causal()          # every row has keys
 
 
@@ -229,6 +239,20 @@ def test_triton_backend_equals_torch_backend(llama):
     assert torch.equal(c, b)
 
 
+@pytest.mark.skipif(DEV != "cuda" or find_nvcc_or_none() is None, reason="the CUDA backend needs a GPU and nvcc")
+def test_cuda_backend_equals_triton_backend():
+    """backend='cuda' (nvcc-built kernels): padded rows, prefill and decode steps, against the
+    Triton kernels on the same bf16 model (head dim 64)."""
+    model = tiny(hidden_size=256).to(DEV, torch.bfloat16)
+    _, ids, mask = padded_batch(31, (9, 6))
+    ids, mask = ids.to(DEV), mask.to(DEV)
+    a, a_logits, cache = greedy(with_sas(model, WINDOW, backend="cuda"), ids, 4, attention_mask=mask)
+    b, b_logits, _ = greedy(with_sas(model, WINDOW, backend="triton"), ids, 4, attention_mask=mask)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a_logits.float(), b_logits.float(), rtol=3e-2, atol=3e-2)
+    assert cache.kv_cache_bytes() < cache.dense_kv_cache_bytes()
+
+
 # --- Dynamic (H2O) ---------------------------------------------------------------------------
 def test_dynamic_h2o_generation_matches_reference_policy(llama, monkeypatch):
     pattern = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))
@@ -270,13 +294,23 @@ def test_bad_input(llama):
         (lambda: sas_attention(model, {0: "window"}), IntegrationError, "pattern of layer 0"),
         (lambda: sas_attention(model, Diag(-1, 3)), IntegrationError, "not causal"),
         (lambda: sas_attention(model, {1: Diag(-1, 3)}), IntegrationError, "layer 1"),
-        (lambda: sas_attention(model, WINDOW, backend="cuda"), IntegrationError, "backend"),
+        (lambda: sas_attention(model, WINDOW, backend="nki"), IntegrationError, "backend must be one of"),
+        (lambda: sas_attention(model, Diag(0, 2) + Diag(2, None) * Dynamic(budget=2), backend="cuda"),
+         NotYetSupportedError, "not backend='cuda'"),
         (lambda: sas_attention(model, WINDOW, max_len=0), IntegrationError, "max_len"),
         (lambda: sas_attention(model, Diag(0, 2) + Diag(2, None) * Dynamic(
             budget=2, score=ops.external("draft").sum(dim=1))), IntegrationError, "external score 'draft'"),
         (lambda: sas_attention(model, Diag(0, 2) + Diag(2, None) * Dynamic(budget=2), backend="torch"),
          NotYetSupportedError, "Triton"),
     ]
+    if DEV == "cpu":
+        cases.append((lambda: sas_attention(model, WINDOW, backend="cuda"), IntegrationError, "move it to CUDA"))
+    else:
+        cases += [(lambda: sas_attention(copy.deepcopy(model).to(DEV, torch.bfloat16), WINDOW, backend="cuda"),
+                   IntegrationError,
+                   "support head_dim 64, 128"),
+                  (lambda: sas_attention(tiny(hidden_size=256).to(DEV), WINDOW, backend="cuda"), IntegrationError,
+                   "run bfloat16, float16")]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
             call()

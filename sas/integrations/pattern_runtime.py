@@ -1,5 +1,6 @@
 """One compiled pattern of a model integration: its analysis, the torch executor and the
-Triton kernel, and the dispatch between them (`backend` "torch", "triton" or "auto").
+Triton (or CUDA) kernel, and the dispatch between them (`backend` "torch", "triton", "cuda" or
+"auto").
 
 Every layer holding the same pattern shares one `PatternRuntime`; the per-sequence state
 (compact caches, positions) lives in `sas.integrations.cache`.
@@ -11,6 +12,9 @@ Backends (static patterns):
 | prefill of an empty cache | `TorchExecutor.prefill` + `fill_cache` | `SASAttnKernel` prefill + `fill_cache`, one call per row when rows are padded |
 | decode (one token per row) | `TorchExecutor.decode`, per-row positions | `SASAttnKernel` decode; one call per row when the rows' positions differ |
 | later prompt chunk | `TorchExecutor.prefill_chunk` | the same torch code on the same cache (the Triton kernels have no chunk form) |
+
+`backend="cuda"` runs static patterns on the nvcc-built CUDA kernels (`sas.runtime.cuda`, the
+same calls as the triton column; a GPU and nvcc needed, head dims of `sas.codegen.cuda_backend`).
 
 Dynamic patterns run only on the Triton kernels, through the stateful `SASAttnKernel` of each
 layer (`sas.runtime.dynamic`).
@@ -24,15 +28,18 @@ from typing import Any
 import torch
 
 from sas.analysis import Analysis, analyze
+from sas.codegen.cuda_backend import CUDA_DTYPES
+from sas.codegen.cuda_backend import SUPPORTED_HEAD_DIMS as CUDA_HEAD_DIMS
 from sas.codegen.triton_backend import SUPPORTED_HEAD_DIMS
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, IntegrationError, NotYetSupportedError
+from sas.integrations.backend_names import MODEL_BACKENDS
 from sas.lang.pattern import Pattern
 from sas.methods.specattn_runtime import is_top_p
 from sas.runtime.kernel import SASAttnKernel, interpreting
 from sas.runtime.torch_executor import TorchExecutor
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = MODEL_BACKENDS
 
 
 def _describe_layers(layers: list[int]) -> str:
@@ -56,7 +63,7 @@ class PatternRuntime:
 
     @classmethod
     def build(cls, pattern: Pattern, max_len: int, backend: str, layers: list[int], device: torch.device,
-              head_dim: int) -> "PatternRuntime":
+              head_dim: int, dtype: torch.dtype | None = None) -> "PatternRuntime":
         """Check the pattern for a decoder and compile it; every error names the layers."""
         where = f"sas_attention: the pattern of {_describe_layers(layers)} ({pattern!r})"
         if pattern.dynamics():
@@ -69,10 +76,11 @@ class PatternRuntime:
                     f"{where} has a Dynamic score that needs {', '.join(needs)}; a model integration "
                     f"computes scores from the model's own attention only, so use a score chain built "
                     f"from ops.attn_score() (e.g. ops.attn_score().sum(dim=1))")
-            if backend == "torch":
+            if backend in ("torch", "cuda"):
                 raise NotYetSupportedError(
                     f"{where} has a Dynamic component; dynamic selection runs on the Triton kernels "
-                    f"only: use backend='triton' or 'auto' (CUDA, or TRITON_INTERPRET=1 on the CPU)")
+                    f"only (not backend={backend!r}): use backend='triton' or 'auto' (CUDA, or "
+                    f"TRITON_INTERPRET=1 on the CPU)")
             if device.type != "cuda" and not interpreting():
                 raise NotYetSupportedError(
                     f"{where} has a Dynamic component, which runs on the Triton kernels, but the model is on "
@@ -90,6 +98,19 @@ class PatternRuntime:
                     f"sas_attention: backend='triton' needs the model on CUDA (or TRITON_INTERPRET=1 for the "
                     f"CPU interpreter); it is on {device}: use backend='torch' or 'auto'")
             cls._check_triton_head_dim(where, head_dim)
+        if backend == "cuda":
+            if device.type != "cuda":
+                raise IntegrationError(
+                    f"sas_attention: backend='cuda' runs nvcc-built kernels on an NVIDIA GPU; the model is on "
+                    f"{device}: move it to CUDA, or use backend='torch' or 'auto'")
+            if dtype is not None and str(dtype).removeprefix("torch.") not in CUDA_DTYPES:
+                raise IntegrationError(f"{where}: the CUDA kernels run {', '.join(CUDA_DTYPES)}; the model is "
+                                       f"{str(dtype).removeprefix('torch.')}: convert it (model.to(torch.bfloat16)) "
+                                       f"or use backend='triton'")
+            if head_dim not in CUDA_HEAD_DIMS:
+                raise IntegrationError(f"{where}: the CUDA kernels support head_dim "
+                                       f"{', '.join(map(str, CUDA_HEAD_DIMS))}; this model has {head_dim}: use "
+                                       f"backend='triton' or 'auto'")
         return cls(pattern, max_len, backend, layers, analysis=analysis, executor=TorchExecutor(pattern, analysis),
                    triton_head_dim=head_dim in SUPPORTED_HEAD_DIMS)
 
@@ -104,15 +125,19 @@ class PatternRuntime:
         return self.dynamic_plan is not None
 
     def use_triton(self, t: torch.Tensor) -> bool:
-        if self.is_dynamic or self.backend == "triton":
+        """Whether this call runs on the compiled kernels (Triton, or CUDA for backend='cuda')
+        rather than the torch executor."""
+        if self.is_dynamic or self.backend in ("triton", "cuda"):
             return True
         return self.backend == "auto" and t.is_cuda and self.triton_head_dim
 
     @property
     def kernel(self) -> SASAttnKernel:
-        """The functional Triton kernel of a static pattern (built on first use)."""
+        """The functional kernel of a static pattern (Triton, or CUDA for backend='cuda'; built on
+        first use)."""
         if self._kernel is None:
-            self._kernel = SASAttnKernel(self.pattern, max_len=self.max_len, analysis=self.analysis)
+            self._kernel = SASAttnKernel(self.pattern, max_len=self.max_len, analysis=self.analysis,
+                                         backend="cuda" if self.backend == "cuda" else "triton")
         return self._kernel
 
     def new_dynamic_kernel(self) -> SASAttnKernel:

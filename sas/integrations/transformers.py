@@ -237,8 +237,9 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
 
     `pattern`: one pattern for every layer, or `{layer_index: pattern}` (the other layers keep
     dense attention, `Causal()`, through the same compact cache). `backend`: "torch" (the
-    pure-torch executor), "triton" (the generated kernels) or "auto" (triton for CUDA tensors,
-    torch otherwise). `max_len`: the longest sequence (prompt plus generated tokens, per row)
+    pure-torch executor), "triton" (the generated kernels), "cuda" (the nvcc-built CUDA kernels
+    of `sas compile --backend cuda`, static patterns, model on a GPU) or "auto" (triton for CUDA
+    tensors, torch otherwise). `max_len`: the longest sequence (prompt plus generated tokens, per row)
     the patterns are analysed for; default `config.max_position_embeddings`. All checks run
     before the model is changed.
     """
@@ -248,14 +249,15 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     max_len = _max_len(max_len, config)
     backend = check_backend(backend)
     try:
-        device = next(model.parameters()).device
+        first = next(model.parameters())
+        device, dtype = first.device, first.dtype
     except StopIteration:
-        device = torch.device("cpu")
+        device, dtype = torch.device("cpu"), None
     head_dim = int(modules[0].head_dim)
     by_pattern: dict[Pattern, list[int]] = {}
     for i, p in enumerate(patterns):
         by_pattern.setdefault(p, []).append(i)
-    runtimes = {p: PatternRuntime.build(p, max_len, backend, layers, device, head_dim)
+    runtimes = {p: PatternRuntime.build(p, max_len, backend, layers, device, head_dim, dtype)
                 for p, layers in by_pattern.items()}
     check_dynamic_under_tp(runtimes.values(), tp, "sas_attention")
     can_set = getattr(model, "_can_set_attn_implementation", None)
