@@ -10,18 +10,16 @@ or "skipped" when there are too many choices).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
 
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
 from sas.methods.kascade_calibrate import Similarity, head_maps, objective
+from sas.methods.state_file import StateKind, pattern_hash, read_state_file, save_state_file
 
 FORMAT = "1"
 
@@ -30,9 +28,7 @@ class KascadeStateError(SASError):
     """A Kascade state file that is missing, malformed, or calibrated for another pattern or model."""
 
 
-def pattern_hash(pattern: Pattern) -> str:
-    """sha256 (first 16 hex digits) of the pattern's canonical text (its repr)."""
-    return hashlib.sha256(repr(pattern).encode("utf-8")).hexdigest()[:16]
+KIND = StateKind("kascade", FORMAT, "Kascade", KascadeStateError, "calibrated", "sas calibrate")
 
 
 @dataclass(frozen=True)
@@ -70,10 +66,10 @@ class KascadeState:
         tensors = {"head_map": self.head_map.to(torch.int32).contiguous().cpu(),
                    "head_sim": self.head_sim.double().contiguous().cpu(),
                    "weights": self.weights.double().contiguous().cpu()}
-        meta = {"sas_method": "kascade", "format": FORMAT, "pattern_hash": self.pattern_hash, "pattern": self.pattern,
-                "model": self.model, "anchors": ",".join(str(a) for a in self.anchors),
-                "dp_value": repr(float(self.dp_value)), "brute_force": self.brute_force}
-        save_file(tensors, os.fspath(path), metadata=meta)
+        meta = {"pattern_hash": self.pattern_hash, "pattern": self.pattern, "model": self.model,
+                "anchors": ",".join(str(a) for a in self.anchors), "dp_value": repr(float(self.dp_value)),
+                "brute_force": self.brute_force}
+        save_state_file(KIND, path, tensors, meta)
 
 
 def make_state(sim: Similarity, anchors: Sequence[int], pattern: Pattern, model: str, dp_value: float,
@@ -85,26 +81,8 @@ def make_state(sim: Similarity, anchors: Sequence[int], pattern: Pattern, model:
 
 def load_state(path: str | os.PathLike, pattern: Pattern, model: str) -> KascadeState:
     """Read a state file and check it was calibrated for `pattern` and `model` (`KascadeStateError`)."""
+    meta, tensors = read_state_file(KIND, path, pattern, model)
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise KascadeStateError(f"Kascade state file {path!r} does not exist (make one with `sas calibrate`)")
-    try:
-        with safe_open(path, framework="pt") as f:
-            meta: dict[str, Any] = f.metadata() or {}
-        tensors = load_file(path)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise KascadeStateError(f"Kascade state file {path!r} is not a readable safetensors file: {e}") from None
-    if meta.get("sas_method") != "kascade" or meta.get("format") != FORMAT:
-        raise KascadeStateError(f"Kascade state file {path!r} is not a Kascade state of format {FORMAT} "
-                                f"(metadata: sas_method={meta.get('sas_method')!r}, format={meta.get('format')!r})")
-    want = pattern_hash(pattern)
-    if meta.get("pattern_hash") != want:
-        raise KascadeStateError(f"Kascade state file {path!r} was calibrated for pattern {meta.get('pattern')!r} "
-                                f"(hash {meta.get('pattern_hash')}), not for {pattern!r} (hash {want}); run "
-                                f"`sas calibrate` again")
-    if meta.get("model") != model:
-        raise KascadeStateError(f"Kascade state file {path!r} was calibrated for model {meta.get('model')!r}, not "
-                                f"{model!r}")
     try:
         anchors = tuple(int(x) for x in meta["anchors"].split(",") if x)
         hm, hs, w = tensors["head_map"], tensors["head_sim"], tensors["weights"]
@@ -116,7 +94,8 @@ def load_state(path: str | os.PathLike, pattern: Pattern, model: str) -> Kascade
             or anchors[0] != 0 or max(anchors) >= L or int(hm.min()) < 0 or int(hm.max()) >= hm.shape[1]):
         raise KascadeStateError(f"Kascade state file {path!r} is inconsistent: head_map {tuple(hm.shape)}, head_sim "
                                 f"{tuple(hs.shape)}, weights {tuple(w.shape)}, anchors {anchors}")
-    return KascadeState(anchors, hm.to(torch.int32), hs.double(), w.double(), want, meta.get("pattern", ""), model,
+    return KascadeState(anchors, hm.to(torch.int32), hs.double(), w.double(), pattern_hash(pattern),
+                        meta.get("pattern", ""), model,
                         dp_value, meta.get("brute_force", "skipped"))
 
 

@@ -9,18 +9,16 @@ File layout: tensors `layer{L}.centroids`, `layer{L}.w1`, ... (`CLASSIFIER_PARTS
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
 
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
 from sas.methods.saap import CLASSIFIER_PARTS, SaapLayer
+from sas.methods.state_file import StateKind, pattern_hash, read_state_file, save_state_file
 
 FORMAT = "1"
 
@@ -29,9 +27,7 @@ class SaapStateError(SASError):
     """A Saap state file that is missing, malformed, or trained for another pattern or model."""
 
 
-def pattern_hash(pattern: Pattern) -> str:
-    """sha256 (first 16 hex digits) of the pattern's canonical text (its repr)."""
-    return hashlib.sha256(repr(pattern).encode("utf-8")).hexdigest()[:16]
+KIND = StateKind("saap", FORMAT, "Saap", SaapStateError, "trained", "sas train")
 
 
 @dataclass(frozen=True)
@@ -58,9 +54,9 @@ class SaapState:
             tensors[f"layer{i}.centroids"] = st.centroids.detach().float().contiguous().cpu()
             for p in CLASSIFIER_PARTS:
                 tensors[f"layer{i}.{p}"] = getattr(st, p).detach().float().contiguous().cpu()
-        meta = {"sas_method": "saap", "format": FORMAT, "pattern_hash": self.pattern_hash, "pattern": self.pattern,
-                "model": self.model, "layers": ",".join(str(i) for i in sorted(self.layers))}
-        save_file(tensors, os.fspath(path), metadata=meta)
+        meta = {"pattern_hash": self.pattern_hash, "pattern": self.pattern, "model": self.model,
+                "layers": ",".join(str(i) for i in sorted(self.layers))}
+        save_state_file(KIND, path, tensors, meta)
 
 
 def make_state(layers: Mapping[int, SaapLayer], pattern: Pattern, model: str) -> SaapState:
@@ -69,25 +65,8 @@ def make_state(layers: Mapping[int, SaapLayer], pattern: Pattern, model: str) ->
 
 def load_state(path: str | os.PathLike, pattern: Pattern, model: str) -> SaapState:
     """Read a state file and check it was trained for `pattern` and `model` (`SaapStateError`)."""
+    meta, tensors = read_state_file(KIND, path, pattern, model)
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise SaapStateError(f"Saap state file {path!r} does not exist (make one with `sas train`)")
-    try:
-        with safe_open(path, framework="pt") as f:
-            meta: dict[str, Any] = f.metadata() or {}
-        tensors = load_file(path)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise SaapStateError(f"Saap state file {path!r} is not a readable safetensors file: {e}") from None
-    if meta.get("sas_method") != "saap" or meta.get("format") != FORMAT:
-        raise SaapStateError(f"Saap state file {path!r} is not a Saap state of format {FORMAT} "
-                             f"(metadata: sas_method={meta.get('sas_method')!r}, format={meta.get('format')!r})")
-    want = pattern_hash(pattern)
-    if meta.get("pattern_hash") != want:
-        raise SaapStateError(f"Saap state file {path!r} was trained for pattern {meta.get('pattern')!r} "
-                             f"(hash {meta.get('pattern_hash')}), not for {pattern!r} (hash {want}); retrain it with "
-                             f"`sas train`")
-    if meta.get("model") != model:
-        raise SaapStateError(f"Saap state file {path!r} was trained for model {meta.get('model')!r}, not {model!r}")
     layers: dict[int, SaapLayer] = {}
     try:
         ids = [int(x) for x in meta.get("layers", "").split(",") if x]
@@ -102,7 +81,7 @@ def load_state(path: str | os.PathLike, pattern: Pattern, model: str) -> SaapSta
             st.check(st.centroids.shape[0], st.centroids.shape[2], f"Saap state layer {i}")
         except SASError as e:
             raise SaapStateError(str(e)) from None
-    return SaapState(layers, want, meta.get("pattern", ""), model)
+    return SaapState(layers, pattern_hash(pattern), meta.get("pattern", ""), model)
 
 
 __all__ = ["SaapState", "SaapStateError", "load_state", "make_state", "pattern_hash"]
