@@ -1,6 +1,6 @@
 """Saap decode with the merge folded into the decode kernel (`SaapDecoder(merge="fused")`: the
 last program of each (batch, KV head) to arrive merges the partials) against the two-launch
-path (`merge="separate"`, `saap_merge_kernel`: bit-identical outputs) and the float64
+path (`merge="separate"`, `merge_partials_kernel`: bit-identical outputs) and the float64
 reference, over several consecutive steps (the arrival counters must be back at 0 after each)."""
 
 from __future__ import annotations

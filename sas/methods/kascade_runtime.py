@@ -27,7 +27,7 @@ from sas.methods.kascade import KascadeError, KascadeLayer, Published, Selection
 from sas.methods.kascade_triton import (kascade_decode_pool_kernel, kascade_decode_scores_kernel,
                                         kascade_flash_kernel, kascade_gather_decode_kernel,
                                         kascade_gather_prefill_kernel, kascade_tile_scores_kernel)
-from sas.methods.saap_triton import saap_merge_kernel
+from sas.methods.partials_triton import merge_partials_kernel
 
 LOG2E = 1.4426950408889634
 #: bytes of pooled tile scores alive at once in prefill selection (the chunk of tiles)
@@ -167,7 +167,7 @@ class KascadeRuntime:
         b, hq, _, d = q.shape
         out = torch.empty_like(q)
         bg = o_part.shape[2]
-        saap_merge_kernel[(m_part.shape[0],)](o_part, m_part, l_part, out, s, s, hq * b // m_part.shape[0], d,
+        merge_partials_kernel[(m_part.shape[0],)](o_part, m_part, l_part, out, s, s, hq * b // m_part.shape[0], d,
                                              BLOCK_G=bg, BLOCK_D=o_part.shape[3])
         return out
 

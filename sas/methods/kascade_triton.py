@@ -23,7 +23,7 @@ Decode (split-K, one program per (batch x KV head, split), the G query heads are
   split's row statistics; with WRITE_O also the dense partial output (layer 0);
 - `kascade_decode_pool_kernel`: `sum_g exp2(s_g - lse_g)` per key (the GQA-pooled score);
 - `kascade_gather_decode_kernel`: attention over a piece of the selected index list.
-Partials are merged by `sas.methods.saap_triton.saap_merge_kernel` (same partial layout).
+Partials are merged by `sas.methods.partials_triton.merge_partials_kernel` (same partial layout).
 """
 
 from __future__ import annotations

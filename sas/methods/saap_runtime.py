@@ -21,7 +21,7 @@ Two routes select the buckets and write the new key (flag `route`):
 
 The merge of the decode kernel's partials (flag `merge`): "fused" (the default) in the decode
 launch itself (the last program of each (batch, KV head) to arrive merges, via an arrival
-counter allocated once per decoder), "separate" a second launch (`saap_merge_kernel`); both
+counter allocated once per decoder), "separate" a second launch (`merge_partials_kernel`); both
 run the same merge code in the same order, so their outputs are bit-identical.
   The classifier runs in float32 FMAs in another summation order than torch's matmuls, so
   scores agree to float rounding; the probed sets are the same unless two buckets' group
@@ -43,7 +43,8 @@ import torch
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
 from sas.methods.saap_route import saap_route_kernel
-from sas.methods.saap_triton import saap_decode_kernel, saap_merge_kernel
+from sas.methods.partials_triton import merge_partials_kernel
+from sas.methods.saap_triton import saap_decode_kernel
 
 LOG2E = 1.4426950408889634
 DENSE_CHUNK = 256
@@ -291,7 +292,7 @@ class SaapDecoder:
         """The kernel launch and merge for query i over the current cache and index (no host
         sync, graph-capturable): q [B, Hq, 1, D], probed [B, Hkv, P], mask from `probed_mask`.
         merge="fused": one launch (the last program of each (batch, KV head) merges);
-        merge="separate": the decode launch, then `saap_merge_kernel`."""
+        merge="separate": the decode launch, then `merge_partials_kernel`."""
         b, hkv, _, d = self.k.shape
         hq = q.shape[1]
         g = hq // hkv
@@ -314,7 +315,7 @@ class SaapDecoder:
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1", FUSE_MERGE=fuse)
         if not fuse:
-            saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
+            merge_partials_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
         return out
 
     @property

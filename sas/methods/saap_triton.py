@@ -9,11 +9,12 @@ rebuilt, kept only when their bucket is probed; all scalars, so a step is graph-
 head are the rows of one program. Each program writes its unnormalised output and log2-domain
 row statistics (m, l) into row s of partial buffers of S_CAP >= S rows per (batch, KV head)
 (allocated once, reused across steps); the NR + P partials are then merged (log-sum-exp) into
-the output in its dtype, either by a second launch (`saap_merge_kernel`, FUSE_MERGE=False) or,
+the output in its dtype, either by a second launch (`sas.methods.partials_triton.merge_partials_kernel`,
+FUSE_MERGE=False) or,
 with FUSE_MERGE=True, by the last program of the (batch, KV head) to arrive: each program bumps
 a per-(batch, KV head) arrival counter (acq_rel atomic after a CTA barrier, as the route kernel
 does); the program that sees the count reach S merges the row's partials (the same
-`_merge_partials` code, the same order: results bit-identical to the two-launch path) and resets
+`merge_partials` code, the same order: results bit-identical to the two-launch path) and resets
 the counter to 0 for the next step.
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from sas.methods.partials_triton import merge_partials
 
 
 @triton.jit
@@ -102,42 +105,4 @@ def saap_decode_kernel(Q, K, V, BUCKET_OF, PROBED_MASK, OFF, IDX, PROBED,
         arrived = tl.atomic_add(COUNTER + bh, 1, sem="acq_rel", scope="gpu")
         if arrived == S - 1:
             tl.atomic_xchg(COUNTER + bh, 0, sem="relaxed", scope="gpu")
-            _merge_partials(O_PART, M_PART, L_PART, OUT, bh, S, S_CAP, G, D, BLOCK_G, BLOCK_D, True)
-
-
-@triton.jit
-def _merge_partials(O_PART, M_PART, L_PART, OUT, bh, S, S_CAP, G, D,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
-    """Log-sum-exp merge of partial rows 0..S-1 of (batch, KV head) bh into OUT (CG: load
-    through L2 only, for partials written by other programs of the same launch)."""
-    rows = tl.arange(0, BLOCK_G)
-    dims = tl.arange(0, BLOCK_D)
-    m_tot = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_tot = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(0, S):
-        part = (bh * S_CAP + s) * BLOCK_G
-        if CG:
-            m = tl.load(M_PART + part + rows, cache_modifier=".cg")
-            l = tl.load(L_PART + part + rows, cache_modifier=".cg")
-            o = tl.load(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :], cache_modifier=".cg")
-        else:
-            m = tl.load(M_PART + part + rows)
-            l = tl.load(L_PART + part + rows)
-            o = tl.load(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :])
-        m_new = tl.maximum(m_tot, m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m_tot - m_safe)
-        b = tl.exp2(m - m_safe)
-        l_tot = l_tot * a + l * b
-        acc = acc * a[:, None] + o * b[:, None]
-        m_tot = m_new
-    out = acc / tl.maximum(l_tot, 1e-30)[:, None]
-    tl.store(OUT + (bh * G + rows[:, None]) * D + dims[None, :], out.to(OUT.dtype.element_ty),
-             mask=(rows[:, None] < G) & (dims[None, :] < D))
-
-
-@triton.jit
-def saap_merge_kernel(O_PART, M_PART, L_PART, OUT, S, S_CAP, G, D,
-                      BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    _merge_partials(O_PART, M_PART, L_PART, OUT, tl.program_id(0), S, S_CAP, G, D, BLOCK_G, BLOCK_D, False)
+            merge_partials(O_PART, M_PART, L_PART, OUT, bh, S, S_CAP, G, D, BLOCK_G, BLOCK_D, True)

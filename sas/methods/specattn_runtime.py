@@ -6,7 +6,7 @@ key stays in the cache, and each step loads the chunks selected from that step's
 Per step: the draft scores of the step's queries (`scores=` of `decode` / `step`, else the rows
 of the full-sequence `other_inputs[name] [B, Hq, N, N]`) -> `threshold_select` (Triton) -> the
 KV head's selected keys, the chunks to load (selected or static, 16 keys each), compacted ->
-`specattn_attn_kernel` over them -> `saap_merge_kernel`. `last_loaded` / `loads` count the keys
+`specattn_attn_kernel` over them -> `merge_partials_kernel`. `last_loaded` / `loads` count the keys
 of the chunks loaded (what the kernel reads) per (batch, KV head).
 """
 
@@ -21,7 +21,7 @@ import torch
 from sas.dynamic.plan import DynamicPlan
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap_dynamic import sink_window
-from sas.methods.saap_triton import saap_merge_kernel
+from sas.methods.partials_triton import merge_partials_kernel
 from sas.methods.specattn import check_step_scores, step_rows, visit_chunks
 from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel
 from sas.methods.threshold import expand_chunks
@@ -178,7 +178,7 @@ class SpecAttnRuntime:
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
         out = torch.empty(b * hkv, rows, d, dtype=q.dtype, device=q.device)
-        saap_merge_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
+        merge_partials_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
         return out.reshape(b, hq, lq, d)
 
 

@@ -8,7 +8,7 @@ group at position I0 + r) are the rows of one program; program s of a KV head ta
 entries [s*PER, (s+1)*PER) and gathers their K/V rows (the cache is not reordered). Per key the
 exact predicate is applied: key j is attended by row r when j <= I0 + r and (j < SINK or
 j > I0 + r - WINDOW or j >= I0 or SEL[bh, j]). Each program writes its unnormalised output and
-log2-domain row statistics; `sas.methods.saap_triton.saap_merge_kernel` merges them.
+log2-domain row statistics; `sas.methods.partials_triton.merge_partials_kernel` merges them.
 """
 
 from __future__ import annotations
