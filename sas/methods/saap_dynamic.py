@@ -24,6 +24,7 @@ import torch
 
 from sas.dynamic.plan import DynamicPlan
 from sas.errors import KernelError, NotYetSupportedError
+from sas.methods.decoder_runtime import DecoderRuntime
 from sas.methods.saap import CLASSIFIER_PARTS, SaapLayer, check_probes
 from sas.methods.saap_runtime import SaapDecoder
 from sas.plan import Plan
@@ -60,7 +61,7 @@ def sink_window(split: DynamicPlan, max_len: int) -> tuple[int, int]:
     return sink, window
 
 
-class SaapDynamicRuntime:
+class SaapDynamicRuntime(DecoderRuntime):
     """The `DynamicRuntime` stand-in for `ops.partition` patterns (same interface for
     `SASAttnKernel`: prefill, decode, reset, state with .k/.v, length)."""
 
@@ -97,21 +98,6 @@ class SaapDynamicRuntime:
         self.decoder = SaapDecoder(self.layer, self.probes, sink=self.sink, window=self.window,
                                    max_len=plan.max_len, rebuild_every=rebuild_every, split=pieces)
 
-    def reset(self) -> None:
-        self.decoder.reset()
-
-    @property
-    def state(self) -> SaapDecoder | None:
-        return self.decoder if self.decoder.k is not None else None
-
-    @property
-    def length(self) -> int:
-        return self.decoder.length
-
-    @length.setter
-    def length(self, value: int) -> None:
-        self.decoder.length = value
-
     @property
     def last_looked_up(self) -> torch.Tensor | None:
         """Keys attended per (batch, KV head) at the last decode step."""
@@ -121,12 +107,6 @@ class SaapDynamicRuntime:
         return {"method": "saap", "sink": self.sink, "window": self.window, "probes": self.probes,
                 "clusters": self.layer.clusters, "rebuild_every": self.decoder.rebuild_every,
                 "split": self.decoder.split}
-
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **index: torch.Tensor) -> torch.Tensor:
-        return self.decoder.prefill(q, k, v, **index)
-
-    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **index: torch.Tensor) -> torch.Tensor:
-        return self.decoder.decode(q, k, v, **index)
 
 
 __all__ = ["SaapDynamicRuntime", "is_partition", "sink_window"]

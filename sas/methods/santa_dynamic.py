@@ -25,6 +25,7 @@ import torch
 from sas.analysis import analyze
 from sas.dynamic.plan import DynamicPlan
 from sas.errors import NotYetSupportedError
+from sas.methods.decoder_runtime import DecoderRuntime
 from sas.methods.santa import SantaRandom
 from sas.methods.santa_runtime import SantaDecoder, SantaOptions
 from sas.plan import Plan
@@ -46,7 +47,7 @@ def options_of(split: DynamicPlan) -> tuple[SantaOptions, int | None]:
                         qk_samples=a["qk_samples"], qk_group=a["qk_group"]), a.get("seed", 0)
 
 
-class SantaDynamicRuntime:
+class SantaDynamicRuntime(DecoderRuntime):
     """The `DynamicRuntime` stand-in for `.sample(...)` patterns (same interface for
     `SASAttnKernel`: prefill, decode, reset, state with .k/.v, length). `random` is the
     `SantaRandom` every step draws from (replace it to use another seed or generator)."""
@@ -89,21 +90,6 @@ class SantaDynamicRuntime:
     def random(self, value: SantaRandom) -> None:
         self.decoder.random = value
 
-    def reset(self) -> None:
-        self.decoder.reset()
-
-    @property
-    def state(self) -> SantaDecoder | None:
-        return self.decoder if self.decoder.k is not None else None
-
-    @property
-    def length(self) -> int:
-        return self.decoder.length
-
-    @length.setter
-    def length(self, value: int) -> None:
-        self.decoder.length = value
-
     @property
     def last_counts(self) -> torch.Tensor | None:
         """Draws per cache slot [B, Hq, slots] of the last step (set `keep_counts = True` first)."""
@@ -122,12 +108,6 @@ class SantaDynamicRuntime:
         return {"method": "santa", "n": o.n, "sampler": o.method, "strategy": o.strategy, "alloc": o.alloc,
                 "tile": o.block_n, "qk": o.qk, "cache_size": int(self.analysis.cache_size),
                 "random": repr(self.random)}
-
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.decoder.prefill(q, k, v)
-
-    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.decoder.decode(q, k, v)
 
 
 __all__ = ["SantaDynamicRuntime", "is_sample", "options_of"]
