@@ -57,6 +57,30 @@ def bench(fn, reps: int) -> float:
     return times[len(times) // 2]
 
 
+def bench_graph(fn, reps: int) -> float | None:
+    """Median milliseconds of `fn` replayed from a CUDA graph (host launch costs removed: what
+    the selection costs inside a captured decode step); None where `fn` cannot be captured."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        fn()                                    # compile outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            try:
+                fn()
+            finally:
+                g.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        print(f"    (not capturable: {type(e).__name__}: {str(e)[:100]})", flush=True)
+        return None
+    return bench(g.replay, reps)
+
+
 def torch_topp(x: torch.Tensor, p: float) -> torch.Tensor:
     """Sort-based top-p of x [M, R, N] (ties kept), union over R -> [M, N] bool."""
     s, _ = torch.sort(x, dim=-1, descending=True)
@@ -100,13 +124,19 @@ def selection_rows(sizes, device, reps, p=0.95):
                 tiles[f"{blk}x{warps}"] = bench(lambda: threshold_select(x4, p=p, block=blk, num_warps=warps,
                                                                          method="split"), reps)
             best_split = min([t_sp, *tiles.values()])
+            graph = {"sort": bench_graph(lambda: torch_topp(x, p), reps),
+                     "row_exact": bench_graph(lambda: threshold_select(x4, p=p, method="row"), reps),
+                     "split_exact": bench_graph(lambda: threshold_select(x4, p=p, method="split"), reps),
+                     "split_paper10": bench_graph(lambda: threshold_select(x4, p=p, iters=10, method="split"), reps),
+                     "split_chunk16": bench_graph(lambda: threshold_select(x4, p=p, chunk=16, method="split"), reps)}
             rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, split_ms=t_sp,
                              split_paper10_ms=t_sp_paper, split_chunk16_ms=t_c16, split_tiles_ms=tiles,
                              speedup_exact=t_sort / t_ex, speedup_paper10=t_sort / t_paper,
                              speedup_split=t_sort / t_sp, speedup_split_best=t_sort / best_split,
                              speedup_split_paper10=t_sort / t_sp_paper, mask_mismatches=mism,
                              split_mask_mismatches=mism_split, split_tile_mask_mismatches=tile_mism, split_equals_row=same,
-                             split_paper_equals_row=same_paper, kept_frac=float(split.mask.float().mean())))
+                             split_paper_equals_row=same_paper, kept_frac=float(split.mask.float().mean()),
+                             graph_ms=graph))
             print(f"select N={n}: sort {t_sort:.3f} ms | row: exact {t_ex:.3f} ms ({t_sort / t_ex:.2f}x), paper-10 "
                   f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x) | split: exact {t_sp:.3f} ms ({t_sort / t_sp:.2f}x), "
                   f"paper-10 {t_sp_paper:.3f} ms ({t_sort / t_sp_paper:.2f}x), chunk16 {t_c16:.3f} ms, "
@@ -196,6 +226,18 @@ def main() -> None:
                          f"{r['split_paper10_ms']:.3f} | {r['speedup_split_paper10']:.2f} | "
                          f"{r['split_chunk16_ms']:.3f} | {r['mask_mismatches']} / {r['split_mask_mismatches']} | "
                          f"{r['split_equals_row']} / {r['split_paper_equals_row']} |")
+    fmt = lambda t: "-" if t is None else f"{t:.4f}"  # noqa: E731
+    ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
+    lines += ["", "CUDA-graph replay (ms; x = torch.sort top-p / kernel, both replayed):", "",
+              "| keys | sort | row exact | x | split exact | x | split paper-10 | x | split chunk-16 | x |",
+              "|" + "---|" * 10]
+    for r in sel:
+        if "graph_ms" in r:
+            g = r["graph_ms"]
+            lines.append(f"| {r['n']} | {fmt(g['sort'])} | {fmt(g['row_exact'])} | {ratio(g['sort'], g['row_exact'])} | "
+                         f"{fmt(g['split_exact'])} | {ratio(g['sort'], g['split_exact'])} | {fmt(g['split_paper10'])} | "
+                         f"{ratio(g['sort'], g['split_paper10'])} | {fmt(g['split_chunk16'])} | "
+                         f"{ratio(g['sort'], g['split_chunk16'])} |")
     lines += ["", "| keys | SpecAttn step ms | dense SDPA ms | x | KV loads skipped |", "|---|---|---|---|---|"]
     for r in ver:
         if "error" in r:

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sas.errors import KernelError
-from sas.methods.saap import SaapLayer, saap_attention_reference
+from sas.methods.saap import CLASSIFIER_PARTS, SaapLayer, saap_attention_reference
 from sas.methods.saap_runtime import MERGES, SaapDecoder
+
+from helpers.attention import DEV
 
 pytestmark = pytest.mark.kernels
 
@@ -25,19 +27,26 @@ def case(b, hkv, g, d, c, n, seed, dtype):
     return layer, q, k, v
 
 
+def on_dev(layer, *ts):
+    """The layer and tensors where the kernels run (the GPU when there is one)."""
+    return (SaapLayer(*(getattr(layer, f).to(DEV) for f in ("centroids", *CLASSIFIER_PARTS))),
+            *(t.to(DEV) for t in ts))
+
+
 def run(merge, route, layer, probes, q, k, v, prefill, *, sink=1, window=5, rebuild=2, split=1, chunk=256):
+    layer, q, k, v = on_dev(layer, q, k, v)
     dec = SaapDecoder(layer, probes, sink=sink, window=window, max_len=q.shape[2], rebuild_every=rebuild,
                       block_n=16, chunk=chunk, split=split, route=route, merge=merge)
     outs = [dec.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])]
     looked = []
     for i in range(prefill, q.shape[2]):
         outs.append(dec.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]))
-        looked.append(dec.last_looked_up)
+        looked.append(dec.last_looked_up.cpu())
         if merge == "fused":   # every row's last program reset its counter
             assert dec._merge_counter is not None and not dec._merge_counter.any()
         else:
             assert dec._merge_counter is None
-    return torch.cat(outs, 2), looked
+    return torch.cat(outs, 2).cpu(), looked
 
 
 def check(b, hkv, g, d, c, probes, split, dtype, route="torch", chunk=256, seed=0, sink=1, window=5, rebuild=2):
