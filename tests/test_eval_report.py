@@ -139,7 +139,7 @@ def test_a_pattern_the_integration_refuses_gets_an_error_row():
     ({"contexts": [0]}, "at least 2 tokens"),
     ({"contexts": [128], "tokens": 64}, "at least the context"),
     ({"contexts": [128], "depths": (2.0,)}, "depth"),
-    ({"contexts": [128], "backend": "cuda"}, "backend must be one of"),
+    ({"contexts": [128], "backend": "nki"}, "backend must be one of"),
     ({"contexts": [128], "patterns": []}, "at least one pattern"),
     ({"contexts": [128], "patterns": [EvalPattern("a"), EvalPattern("a", Diag(0, 4))]}, "given twice"),
     ({"contexts": [128], "patterns": [EvalPattern("x", {5: Diag(0, 4)})]}, "out of range"),

@@ -23,7 +23,7 @@ Two ways to call it:
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -42,6 +42,24 @@ from sas.runtime.static import interpreting
 
 BACKENDS = ("triton", "torch", "cuda")
 DEFAULT_MAX_LEN = 16384
+
+
+#: The seed methods' runtimes, chosen by what the Dynamic component's score chain ends in (first
+#: match wins); every other dynamic pattern runs on the generic `DynamicRuntime` (H2O, refresh,
+#: fused and traced score chains).
+METHOD_RUNTIMES: tuple[tuple[Callable[[Any], bool], Callable[[Plan, dict[str, Any]], Any]], ...] = (
+    (is_partition, SaapDynamicRuntime),      # ops.partition: bucket index + its own kernel
+    (is_sample, SantaDynamicRuntime),        # .sample(...): value sampling on its own kernels
+    (is_top_p, SpecAttnRuntime),             # .top_p(p): per-step top-p of external scores
+)
+
+
+def dynamic_runtime(plan: Plan, other_inputs: dict[str, Any], cache_dir: str | os.PathLike | None = None) -> Any:
+    """The runtime of a dynamic plan: a seed method's (`METHOD_RUNTIMES`) or `DynamicRuntime`."""
+    for matches, runtime in METHOD_RUNTIMES:
+        if matches(plan.split):
+            return runtime(plan, other_inputs)
+    return DynamicRuntime(plan, other_inputs, cache_dir)
 
 
 class _StaticSession:
@@ -205,15 +223,9 @@ class SASAttnKernel(torch.nn.Module):
             raise NotYetSupportedError(f"SASAttnKernel: backend={backend!r} runs static patterns only; a pattern "
                                        f"with a Dynamic component runs on backend='triton' (CUDA, or the CPU "
                                        f"under TRITON_INTERPRET=1)")
-        if plan.is_dynamic and is_partition(plan.split):     # Saap: bucket index + its own kernel
+        if plan.is_dynamic:
             self._session: _StaticSession | _DynamicSession = _DynamicSession(
-                SaapDynamicRuntime(plan, self.other_inputs), plan)
-        elif plan.is_dynamic and is_sample(plan.split):     # SANTA: value sampling on its own kernels
-            self._session = _DynamicSession(SantaDynamicRuntime(plan, self.other_inputs), plan)
-        elif plan.is_dynamic and is_top_p(plan.split):      # SpecAttn: per-step top-p of external scores
-            self._session = _DynamicSession(SpecAttnRuntime(plan, self.other_inputs), plan)
-        elif plan.is_dynamic:
-            self._session = _DynamicSession(DynamicRuntime(plan, self.other_inputs, cache_dir), plan)
+                dynamic_runtime(plan, self.other_inputs, cache_dir), plan)
         else:
             self._session = _StaticSession(static_runtime(plan, backend, num_splits=num_splits,
                                                           cache_dir=cache_dir), plan)
@@ -365,4 +377,4 @@ class SASAttnKernel(torch.nn.Module):
         return 2 * self.max_len * self._cache_geometry("dense_kv_cache_bytes", batch, num_kv_heads, head_dim, dtype)
 
 
-__all__ = ["BACKENDS", "SASAttnKernel", "interpreting"]
+__all__ = ["BACKENDS", "METHOD_RUNTIMES", "SASAttnKernel", "dynamic_runtime", "interpreting"]
