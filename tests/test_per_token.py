@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from analysis_checks import brute_cache_size, decode_with_functions
+from analysis_checks import brute_cache_size, brute_last_use, decode_with_functions
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import diags, patterns, spread_units
@@ -25,11 +25,6 @@ ANALYZE = sys.modules["sas.analysis.analyze"]
 # spreads of non-square units over diagonal layouts: no periodic description
 DRIFTING = [(Rect(size=(2, 3)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> Diag(0, 2)) * Causal(),
             ((Rect(size=(1, 3)) >> Diag(-2, None, stride=4)) + Diag(0, 4)) * Causal()]
-
-
-def _brute_last_use(mask: np.ndarray) -> np.ndarray:
-    n = mask.shape[0]
-    return np.where(mask.any(axis=0), n - 1 - np.argmax(mask[::-1], axis=0), -1)
 
 
 @st.composite
@@ -71,7 +66,7 @@ def test_last_use_equals_the_mask(p, n: int) -> None:
         mp.setattr(per_token, "CHUNK", 7)
         mp.setattr(per_token, "FIRST_WINDOW", 2)
         got = per_token.last_use(q, n)
-    np.testing.assert_array_equal(got, _brute_last_use(q.to_mask(n)))
+    np.testing.assert_array_equal(got, brute_last_use(q.to_mask(n)))
     np.testing.assert_array_equal(per_token.last_use(q, n), got)      # default steps
 
 
@@ -122,7 +117,7 @@ def test_long_lengths_are_analysed_not_refused(p) -> None:
     head = p.to_mask(m)
     near = np.flatnonzero(L[:m] < m - 1)
     near = near[L[near] >= 0]
-    np.testing.assert_array_equal(L[near], _brute_last_use(head)[near])
+    np.testing.assert_array_equal(L[near], brute_last_use(head)[near])
     k = int(np.flatnonzero(ids >= 0)[-1])
     assert a.slot_key_func(int(ids[k]), k) == k and a.cache_id_func(k) == ids[k]
 

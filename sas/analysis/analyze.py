@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -11,7 +12,7 @@ import numpy as np
 
 from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
 from sas.analysis.events import CacheEvent, derive_events
-from sas.analysis.functions import compile_functions, synthesize
+from sas.analysis.functions import compile_functions, synthesize, synthesized_source
 from sas.analysis.simplify import ReadableFunctions, readable_functions
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
@@ -60,19 +61,22 @@ class Analysis:
     #: the minimal KV-cache size where the closed form in use needs more slots (None: equal)
     minimal_cache_size: int | None = None
 
-    @property
+    @functools.cached_property
     def source(self) -> str:
-        """The synthesized functions as built (what the kernels are generated from)."""
-        return ast.unparse(self.functions)
+        """The synthesized functions as built (what the kernels are generated from), with the
+        tables of a table scheme written out (as long as the sequence: computed on first use)."""
+        return synthesized_source(self.functions, self.tables)
 
     @functools.cached_property
     def readable(self) -> ReadableFunctions:
         """The functions simplified with sympy for reading, checked equal to `functions`
         (`sas.analysis.simplify`); computed on first use."""
         s = self.structure
-        return readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
-                                  cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
-                                  period=int(s.P or 1) if s.periodic else 1)
+        r = readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
+                               cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
+                               period=int(s.P or 1) if s.periodic else 1)
+        # a table scheme is printed as synthesized, its tables written out
+        return r if self.closed_form else dataclasses.replace(r, source=self.source)
 
     def function_ast(self, name: str) -> ast.FunctionDef:
         for node in self.functions.body:
@@ -123,13 +127,6 @@ def _check_len(max_len: Any) -> int:
     if max_len > MAX_INDEX:
         raise AnalysisError(f"max_len must be at most 2**61 (the largest index sas handles), got {max_len}")
     return int(max_len)
-
-
-def _brute_last_use(pattern: Pattern, n: int) -> np.ndarray:
-    m = pattern.to_mask(n)
-    used = m.any(axis=0)
-    last = n - 1 - np.argmax(m[::-1], axis=0)
-    return np.where(used, last, -1)
 
 
 def analyze(pattern: Pattern, max_len: int) -> Analysis:

@@ -89,14 +89,14 @@ def _table(scheme: TableScheme) -> tuple[list[ast.stmt], list[ast.stmt], dict[st
     tables = {"CACHE_ID": np.asarray(ids, dtype=np.int64), "SLOT_KEYS": order, "SLOT_START": starts}
     src = f"""
 def _cid(token_id):
-    return int(CACHE_ID[token_id]) if 0 <= token_id < {len(ids)} else -1
+    return CACHE_ID[token_id] if 0 <= token_id < {len(ids)} else -1
 
 def _key(cache_id, token_id):
     if not 0 <= cache_id < {scheme.C}:
         return -1
-    lo, hi = int(SLOT_START[cache_id]), int(SLOT_START[cache_id + 1])
+    lo, hi = SLOT_START[cache_id], SLOT_START[cache_id + 1]
     k = bisect.bisect_right(SLOT_KEYS, token_id, lo, hi) - 1
-    return int(SLOT_KEYS[k]) if k >= lo else -1
+    return SLOT_KEYS[k] if k >= lo else -1
 """
     helpers = ast.parse(src).body
     cid = [ast.Return(ast.parse(f"_cid({TOKEN})", mode="eval").body)]
@@ -136,3 +136,15 @@ def compile_functions(mod: ast.Module, filename: str = "<sas-synthesized>",
     namespace: dict = dict(tables or {})
     exec(compile(mod, filename, "exec"), namespace)
     return {k: namespace[k] for k in ("cache_id_func", "slot_key_func", "mask_func")}
+
+
+def synthesized_source(functions: ast.Module, tables: Mapping[str, np.ndarray]) -> str:
+    """The module's source with its tables written out as tuple literals after its import (a
+    module that runs on its own, as the synthesized module did when it held its tables)."""
+    text = ast.unparse(functions)
+    if not tables:
+        return text
+    head, _, rest = text.partition("\n")         # `import bisect` comes first
+    lines = [f"{name} = ({', '.join(map(str, np.asarray(v).tolist()))}{',' if len(v) == 1 else ''})"
+             for name, v in tables.items()]
+    return "\n".join([head, *lines, rest])
