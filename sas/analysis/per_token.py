@@ -16,7 +16,8 @@ here from the runs of attended cells along the columns, derived from the pattern
   empty.
 
 Memory is O(chunk + n): the `n` last uses and the runs of one chunk. A chunk whose runs pass
-`CHUNK_RUNS` is split in halves (a single column past it raises `AnalysisError`).
+`CHUNK_RUNS` is split in halves (a single column past it raises `AnalysisError`); past
+`TOTAL_RUNS` runs read in all the search stops with an `AnalysisError` naming the numbers.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ CHUNK = 1 << 17
 FIRST_WINDOW = 64
 #: Most runs one call may build before its columns are split in halves.
 CHUNK_RUNS = 1 << 22
+#: Most runs the last-use search reads in all (about 10 s on one core): a pattern whose
+#: columns are attended all along by a fine stride, far from the end, would need O(n^2) runs.
+TOTAL_RUNS = 1 << 26
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -51,6 +55,7 @@ def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> li
 def last_use(pattern: Pattern, n: int) -> np.ndarray:
     """Last query i < n attending each key j < n (int64, -1 when none does), exactly."""
     out = np.full(n, -1, dtype=_I64)
+    read = 0
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
         hi, width = n, FIRST_WINDOW
@@ -62,6 +67,12 @@ def last_use(pattern: Pattern, n: int) -> np.ndarray:
             found = np.zeros(len(todo), dtype=bool)
             pos = 0
             for cols, r in _runs(pattern, todo, lo, np.full(len(todo), hi, dtype=_I64)):
+                read += len(r)
+                if read > TOTAL_RUNS:
+                    raise AnalysisError(
+                        f"analyze: the last uses of the keys of {pattern!r} up to max_len={n} need more than "
+                        f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
+                        f"columns are attended all along by a fine stride); give a smaller max_len")
                 if len(r):
                     last = np.searchsorted(r.line, np.arange(len(cols), dtype=_I64), side="right") - 1
                     has = (last >= 0) & (r.line[np.maximum(last, 0)] == np.arange(len(cols)))
@@ -83,4 +94,4 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
     return None
 
 
-__all__ = ["CHUNK", "CHUNK_RUNS", "FIRST_WINDOW", "last_use", "non_causal_cell"]
+__all__ = ["CHUNK", "CHUNK_RUNS", "FIRST_WINDOW", "TOTAL_RUNS", "last_use", "non_causal_cell"]
