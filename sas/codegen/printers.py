@@ -597,5 +597,5 @@ def table_refs(tables: Mapping[str, Sequence[int]], prefix: str = "tbl_") -> dic
     for name, values in tables.items():
         check_identifier(name, "table name")
         out[name] = TableRef(check_identifier(prefix + name, "table argument name"),
-                             tuple(int(v) for v in np.asarray(values, dtype=np.int64).tolist()))
+                             tuple(np.asarray(values, dtype=np.int64).tolist()))
     return out
