@@ -32,7 +32,7 @@ _I64 = np.int64
 #: Columns read per call of `line_runs`.
 CHUNK = 1 << 17
 #: Width of the first window at the end of the sequence.
-FIRST_WINDOW = 64
+FIRST_WINDOW = 8
 #: Most runs one call may build before its columns are split in halves.
 CHUNK_RUNS = 1 << 22
 #: Most runs the last-use search reads in all (about 10 s on one core): a pattern whose
