@@ -17,7 +17,7 @@ from strategies import diags, patterns, spread_units
 
 from sas import Causal, Diag, Rect, analyze
 from sas.analysis import per_token
-from sas.errors import KernelError
+from sas.errors import AnalysisError, KernelError
 from sas.ir.periodicity import structure
 
 ANALYZE = sys.modules["sas.analysis.analyze"]
@@ -127,3 +127,9 @@ def test_tables_are_refused_for_memory_only(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(KernelError, match=r"per-token slot table .* max_len=65536 .*SAS_HOST_TABLE_LIMIT"):
         analyze(DRIFTING[0], 1 << 16)
     assert not analyze(DRIFTING[0], 1 << 12).closed_form
+
+
+def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
+    with pytest.raises(AnalysisError, match=r"more than 10 runs .*runs limit"):
+        per_token.last_use(DRIFTING[1], 4096)
