@@ -28,15 +28,14 @@ from typing import Any
 
 from sas.analysis.analyze import analyze
 from sas.analysis.columns import upper_triangle_clear
+from sas.analysis.per_token import non_causal_cell
 from sas.codegen.triton_backend import DecodeOptions, PrefillOptions, auto_decode_options, auto_prefill_options
 from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, KernelError, PatternError, SASError
 from sas.ir.periodicity import structure
 from sas.ir.tile_runs import TileRuns, tile_runs
-from sas.ir.tiles import is_causal
 from sas.lang.pattern import Pattern
-from sas.limits import check_host_bytes
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -210,8 +209,8 @@ def causal_within(pattern: Pattern, n: int) -> bool:
     """Exactly whether no query i < n attends a key j with i < j < n.
 
     Decided from the pattern's periodic structure when it has one (length-independent, no table);
-    otherwise, or when the first acausal cell lies beyond n, by classifying tiles up to n
-    (`sas.ir.tiles.is_causal`), whose size is checked first."""
+    otherwise, or when the first acausal cell lies beyond n, from the runs of the columns above
+    the diagonal (`sas.analysis.per_token.non_causal_cell`: O(n) memory, any length)."""
     st = structure(pattern)
     if st.periodic:
         bad = upper_triangle_clear(pattern, st)
@@ -219,10 +218,7 @@ def causal_within(pattern: Pattern, n: int) -> bool:
             return True
         if bad[1] < n:
             return False
-    blocks = -(-n // 256)
-    check_host_bytes(f"the causality check of {pattern!r} up to {n} (tiles of 256 x 256)", 96 * blocks * blocks,
-                     "use a smaller max_len")
-    return is_causal(pattern, n)
+    return non_causal_cell(pattern, n) is None
 
 
 def make_plan(pattern: Pattern, max_len: int, *, head_dim: int | None = None, num_heads: int | None = None,

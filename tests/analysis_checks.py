@@ -89,7 +89,7 @@ def _cmod(a: int, b: int) -> int:
 def c_semantics_functions(analysis) -> dict:
     """The synthesized functions compiled with C-style `//` and `%` (as Triton/CUDA/NKI do)."""
     mod = ast.fix_missing_locations(_CStyle().visit(ast.parse(analysis.source)))
-    ns: dict = {"_cdiv": _cdiv, "_cmod": _cmod}
+    ns: dict = {"_cdiv": _cdiv, "_cmod": _cmod, **analysis.tables}   # table schemes name their tables
     exec(compile(mod, "<c-style>", "exec"), ns)
     return ns
 

@@ -197,6 +197,16 @@ def test_table_driven_decode(name):
     assert prefill_then_decode(kern, p, L=56, P=20) < TOL[torch.float32]
 
 
+def test_table_decode_past_the_former_length_limit():
+    # no periodic description (a spread of a non-square unit over a diagonal layout): analysed per
+    # token at any length (refused past max_len 32768 before), decoded from its slot table
+    p = ((sas.Rect(size=(3, 2)) >> Diag(0, 2)) + Diag(0, 16)) * Diag(0, 64)
+    kern = SASAttnKernel(p, max_len=40000, prefill_options=PO, decode_options=DO, num_splits=2)
+    a = kern.plan.analysis
+    assert a.scheme == "table" and len(a.tables["CACHE_ID"]) == 40000 and kern.cache_size == a.cache_size
+    assert prefill_then_decode(kern, p, L=24, P=8) < TOL[torch.float32]
+
+
 def test_real_analysis_is_used():
     p = TABLE1_KERNELS["block_local"]
     kern = SASAttnKernel(p, max_len=64, prefill_options=PO, decode_options=DO)

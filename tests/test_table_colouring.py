@@ -1,8 +1,9 @@
 """The table fallback's slot assignment (`sas.analysis.slots.greedy_table`) against networkx.
 
 Slots of a table scheme colour the interval graph of the keys' lifetimes [j, last_use[j]]:
-two keys alive at once need different slots. `greedy_table` colours by start time with a heap
-(O(n log C) time, O(C) extra memory; an explicit interval graph has O(n C) edges). Here
+two keys alive at once need different slots. `greedy_table` colours by start time, reusing
+slots first-in first-out, vectorized (O(n log n) time, O(n) memory; an explicit interval graph
+has O(n C) edges). Here
 networkx builds that graph for small cases: the assignment must be a proper colouring of it,
 and use as many slots as networkx's colouring in start order (optimal on interval graphs) and
 as its largest clique.

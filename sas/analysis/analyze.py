@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -11,18 +12,31 @@ import numpy as np
 
 from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
 from sas.analysis.events import CacheEvent, derive_events
-from sas.analysis.functions import compile_functions, synthesize
+from sas.analysis.functions import compile_functions, synthesize, synthesized_source
 from sas.analysis.simplify import ReadableFunctions, readable_functions
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
+from sas.analysis.per_token import last_use as per_token_last_use, non_causal_cell
 from sas.analysis.slots import (Scheme, TableScheme, cache_ids, choose_scheme, greedy_table, padded_scheme,
                                 scheme_size)
 from sas.errors import AnalysisError, EmptyPatternError
 from sas.ir.periodicity import Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
+from sas.limits import check_host_bytes
 
-#: Largest length analysed by the per-token fallback (patterns without a known period).
+#: Up to this length a per-token table is preferred to a padded closed form (more slots than
+#: the minimal cache) for periodic patterns without a minimal closed form; beyond it the padded
+#: closed form is used when one exists. Tables themselves are built at any length (limited by
+#: memory only: `sas.limits`).
 TABLE_LIMIT = 1 << 15
+#: Host bytes per token of the table fallback: the last uses, the slot table and its sorted
+#: copy (int64 each), and the tables the synthesized module holds.
+TABLE_BYTES_PER_TOKEN = 48
+
+
+def _check_table_bytes(pattern: Pattern, n: int) -> None:
+    check_host_bytes(f"the per-token slot table of {pattern!r} at max_len={n}", TABLE_BYTES_PER_TOKEN * n,
+                     "give a smaller max_len, or raise SAS_HOST_TABLE_LIMIT")
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,7 +49,7 @@ class Analysis:
     groups: tuple[Group, ...]
     events: tuple[CacheEvent, ...]
     functions: ast.Module
-    tables: dict[str, tuple[int, ...]]
+    tables: dict[str, np.ndarray]
     scheme: str
     closed_form: bool
     notes: tuple[str, ...]
@@ -47,19 +61,22 @@ class Analysis:
     #: the minimal KV-cache size where the closed form in use needs more slots (None: equal)
     minimal_cache_size: int | None = None
 
-    @property
+    @functools.cached_property
     def source(self) -> str:
-        """The synthesized functions as built (what the kernels are generated from)."""
-        return ast.unparse(self.functions)
+        """The synthesized functions as built (what the kernels are generated from), with the
+        tables of a table scheme written out (as long as the sequence: computed on first use)."""
+        return synthesized_source(self.functions, self.tables)
 
     @functools.cached_property
     def readable(self) -> ReadableFunctions:
         """The functions simplified with sympy for reading, checked equal to `functions`
         (`sas.analysis.simplify`); computed on first use."""
         s = self.structure
-        return readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
-                                  cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
-                                  period=int(s.P or 1) if s.periodic else 1)
+        r = readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
+                               cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
+                               period=int(s.P or 1) if s.periodic else 1)
+        # a table scheme is printed as synthesized, its tables written out
+        return r if self.closed_form else dataclasses.replace(r, source=self.source)
 
     def function_ast(self, name: str) -> ast.FunctionDef:
         for node in self.functions.body:
@@ -112,13 +129,6 @@ def _check_len(max_len: Any) -> int:
     return int(max_len)
 
 
-def _brute_last_use(pattern: Pattern, n: int) -> np.ndarray:
-    m = pattern.to_mask(n)
-    used = m.any(axis=0)
-    last = n - 1 - np.argmax(m[::-1], axis=0)
-    return np.where(used, last, -1)
-
-
 def analyze(pattern: Pattern, max_len: int) -> Analysis:
     """Minimal KV cache, decomposition, events and synthesized functions for decoding.
 
@@ -154,28 +164,23 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                 notes.append(
                     f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed "
                     f"form found ({padded.name}) uses {size} slots (+{size - minimal}, "
-                    f"{100.0 * (size - minimal) / minimal:.1f}% more): a per-token table would need "
-                    f"{n} entries (tables are used up to max_len {TABLE_LIMIT})")
-            elif n > TABLE_LIMIT:
-                raise AnalysisError(
-                    f"analyze: no closed-form slot scheme fits {user_pattern!r} with {size} slots or more, and "
-                    f"the per-token table fallback is limited to max_len <= {TABLE_LIMIT} (got {n})")
+                    f"{100.0 * (size - minimal) / minimal:.1f}% more) instead of a per-token table of "
+                    f"{n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a padded closed form "
+                    f"beyond)")
             else:
+                _check_table_bytes(user_pattern, n)
                 scheme = greedy_table(cols.last_use(np.arange(n), n))
-                notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token table")
+                notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token "
+                             f"table ({n} entries)")
         events = derive_events(cols) if size > 0 else ()
     else:
-        if n > TABLE_LIMIT:
+        _check_table_bytes(user_pattern, n)
+        bad = non_causal_cell(pattern, n)
+        if bad is not None:
             raise AnalysisError(
-                f"analyze: {user_pattern!r} has no length-independent periodic description (a spread with a "
-                f"non-square unit over a diagonal layout); the per-token fallback is limited to "
-                f"max_len <= {TABLE_LIMIT}, got {n}")
-        m = pattern.to_mask(n)
-        if np.triu(m, 1).any():
-            i, j = np.argwhere(np.triu(m, 1))[0]
-            raise AnalysisError(
-                f"analyze: pattern {user_pattern!r} is not causal (query {i} attends key {j}); multiply it by Causal()")
-        L = _brute_last_use(pattern, n)
+                f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
+                f"multiply it by Causal()")
+        L = per_token_last_use(pattern, n)
         scheme = greedy_table(L)
         size, peak = scheme.C, 0
         notes.append("pattern has no known period: analysed per token and cache_id_func uses a table")
@@ -190,7 +195,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     groups = decompose(cols, n) if cols is not None else ()
     # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
     mod, tables = synthesize(user_pattern, scheme, n)
-    fns = compile_functions(mod)
+    fns = compile_functions(mod, tables=tables)
     return Analysis(user_pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
                     not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
                     fns["slot_key_func"], fns["mask_func"], scheme, cols, minimal)

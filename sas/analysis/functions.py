@@ -9,14 +9,14 @@
 Each body is zero or more `name = <expr>` assignments followed by `return <expr>`, using
 integer arithmetic with floor division and modulo on non-negative operands, comparisons,
 boolean operators and conditional expressions: a form that lowers to Triton/C++/NKI.
-Only the table fallback uses module-level tables.
+Only the table fallback uses module-level tables (named in the module, bound by `compile_functions`).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -79,14 +79,14 @@ def _closed_form(scheme: Scheme, n: int) -> tuple[list[ast.stmt], list[ast.stmt]
     return [_ret(cid)], body
 
 
-def _table(scheme: TableScheme) -> tuple[list[ast.stmt], list[ast.stmt], dict[str, tuple[int, ...]]]:
-    """Table fallback: per-token slot ids, and per slot the keys it holds in order."""
+def _table(scheme: TableScheme) -> tuple[list[ast.stmt], list[ast.stmt], dict[str, np.ndarray]]:
+    """Table fallback: per-token slot ids, and per slot the keys it holds in order (int64 arrays;
+    the module refers to them by name and `compile_functions` binds them)."""
     ids = scheme.cache_id
-    order = np.lexsort((np.arange(len(ids)), ids))
-    order = order[ids[order] >= 0]
-    starts = np.searchsorted(ids[order], np.arange(scheme.C + 1))
-    tables = {"CACHE_ID": tuple(int(x) for x in ids), "SLOT_KEYS": tuple(int(x) for x in order),
-              "SLOT_START": tuple(int(x) for x in starts)}
+    order = np.argsort(ids, kind="stable")        # by slot, then by token
+    order = order[ids[order] >= 0].astype(np.int64)
+    starts = np.searchsorted(ids[order], np.arange(scheme.C + 1)).astype(np.int64)
+    tables = {"CACHE_ID": np.asarray(ids, dtype=np.int64), "SLOT_KEYS": order, "SLOT_START": starts}
     src = f"""
 def _cid(token_id):
     return CACHE_ID[token_id] if 0 <= token_id < {len(ids)} else -1
@@ -104,15 +104,16 @@ def _key(cache_id, token_id):
     return cid, key, tables, helpers
 
 
-def synthesize(pattern: Pattern, scheme: Scheme, n: int) -> tuple[ast.Module, dict[str, tuple[int, ...]]]:
-    """Build the module holding the three functions (and tables for the fallback)."""
-    tables: dict[str, tuple[int, ...]] = {}
+def synthesize(pattern: Pattern, scheme: Scheme, n: int) -> tuple[ast.Module, dict[str, np.ndarray]]:
+    """Build the module holding the three functions, and the tables of the fallback: the
+    module names them (`CACHE_ID`, ...) without holding their values (a table has one entry
+    per token: as literals they would make the module as large as the sequence);
+    `compile_functions(module, tables)` binds them."""
+    tables: dict[str, np.ndarray] = {}
     prelude: list[ast.stmt] = []
     if isinstance(scheme, TableScheme):
         cid_body, key_body, tables, helpers = _table(scheme)
         prelude = [ast.Import([ast.alias("bisect")])]
-        prelude += [ast.Assign([ast.Name(k, ast.Store())], ast.Tuple([ast.Constant(v) for v in vals], ast.Load()))
-                    for k, vals in tables.items()]
         prelude += helpers
     else:
         cid_body, key_body = _closed_form(scheme, n)
@@ -129,7 +130,21 @@ def synthesize(pattern: Pattern, scheme: Scheme, n: int) -> tuple[ast.Module, di
     return ast.fix_missing_locations(mod), tables
 
 
-def compile_functions(mod: ast.Module, filename: str = "<sas-synthesized>") -> dict[str, Callable]:
-    namespace: dict = {}
+def compile_functions(mod: ast.Module, filename: str = "<sas-synthesized>",
+                      tables: Mapping[str, np.ndarray] | None = None) -> dict[str, Callable]:
+    """The three functions of a synthesized module, with its tables (if any) bound by name."""
+    namespace: dict = dict(tables or {})
     exec(compile(mod, filename, "exec"), namespace)
     return {k: namespace[k] for k in ("cache_id_func", "slot_key_func", "mask_func")}
+
+
+def synthesized_source(functions: ast.Module, tables: Mapping[str, np.ndarray]) -> str:
+    """The module's source with its tables written out as tuple literals after its import (a
+    module that runs on its own, as the synthesized module did when it held its tables)."""
+    text = ast.unparse(functions)
+    if not tables:
+        return text
+    head, _, rest = text.partition("\n")         # `import bisect` comes first
+    lines = [f"{name} = ({', '.join(map(str, np.asarray(v).tolist()))}{',' if len(v) == 1 else ''})"
+             for name, v in tables.items()]
+    return "\n".join([head, *lines, rest])

@@ -274,10 +274,11 @@ def render_nki_decode(analysis: Any, head_dim: int = 128, group: int = 1) -> str
         fill = None   # slot_key_func is a table search: the host fills the cache (README)
     cache = int(analysis.cache_size)
     block_n = next(b for b in NKI_BLOCKS if b <= max(16, cache)) if cache < PMAX else PMAX
-    defs = [s for s in analysis.functions.body if isinstance(s, (_ast.FunctionDef, _ast.Assign, _ast.Import))]
+    # the module's statements, with the tables of a table scheme written out after its import
+    defs = [s for s in _ast.parse(analysis.source).body if isinstance(s, (_ast.FunctionDef, _ast.Assign, _ast.Import))]
     functions_source = "\n\n\n".join(_ast.unparse(d) for d in defs).splitlines()
     key = int(hashlib.sha256(repr((repr(analysis.pattern), int(analysis.max_len), cache, head_dim, group,
-                                   _ast.unparse(analysis.functions), NKI_TEMPLATE_VERSION)).encode())
+                                   analysis.source, NKI_TEMPLATE_VERSION)).encode())
               .hexdigest()[:10], 16)
     src = _template("decode.py.jinja").render(
         pattern_repr=" ".join(repr(analysis.pattern).split()), pattern_literal=repr(repr(analysis.pattern)),

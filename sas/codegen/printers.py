@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from sas.errors import KernelError, NotYetSupportedError
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -595,5 +597,5 @@ def table_refs(tables: Mapping[str, Sequence[int]], prefix: str = "tbl_") -> dic
     for name, values in tables.items():
         check_identifier(name, "table name")
         out[name] = TableRef(check_identifier(prefix + name, "table argument name"),
-                             tuple(int(v) for v in values))
+                             tuple(np.asarray(values, dtype=np.int64).tolist()))
     return out

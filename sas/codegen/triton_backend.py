@@ -9,6 +9,7 @@ own (see `prefill(...)` / `decode(...)` in the generated files).
 from __future__ import annotations
 
 import ast
+import base64
 import hashlib
 import importlib.util
 import os
@@ -242,6 +243,23 @@ def _function_defs_source(functions: ast.Module) -> str:
     return "\n\n".join(ast.unparse(d) for d in defs)
 
 
+#: Tables longer than this are written into decode modules as base64 int32 bytes (a tuple
+#: literal of a million entries takes tens of seconds to compile); shorter ones as tuples.
+PACKED_TABLE_MIN = 4096
+
+
+def _table_literal(name: str, values: tuple[int, ...]) -> str:
+    """A Python expression for a table's values in a decode module (a tuple of ints)."""
+    if len(values) <= PACKED_TABLE_MIN:
+        return repr(tuple(values))
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.min() < -(1 << 31) or arr.max() >= 1 << 31:
+        raise KernelError(f"decode table {name} holds values outside int32 (the kernels' table type)")
+    data = base64.b64encode(arr.astype("<i4").tobytes()).decode("ascii")
+    # little-endian int32, read back by memoryview's native int (every target sas runs on)
+    return f'tuple(memoryview(__import__("base64").b64decode("{data}")).cast("i"))'
+
+
 def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
     """Source of the standalone decode module for an `Analysis` (docs/architecture.md)."""
     functions = analysis.functions
@@ -263,9 +281,9 @@ def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
                                        dialect="torch")
     defs = _function_defs_source(functions)
     key = _digest(pattern_key(analysis.pattern), analysis.max_len, analysis.cache_size,
-                  ast.unparse(functions), asdict(options), TEMPLATE_VERSION)[:12]
+                  analysis.source, asdict(options), TEMPLATE_VERSION)[:12]
     tables = [
-        {"arg": ref.arg, "name_literal": repr(name), "values_literal": repr(tuple(ref.values))}
+        {"arg": ref.arg, "name_literal": repr(name), "values_literal": _table_literal(name, ref.values)}
         for name, ref in refs.items()
     ]
     return _render(
@@ -414,7 +432,7 @@ def prefill_module(pattern, options: PrefillOptions = PrefillOptions(),
 def decode_module(analysis, options: DecodeOptions = DecodeOptions(),
                   directory: Path | None = None) -> ModuleType:
     key = ("decode", pattern_key(analysis.pattern), analysis.max_len, analysis.cache_size,
-           _digest(ast.unparse(analysis.functions)), options, TEMPLATE_VERSION)
+           _digest(analysis.source), options, TEMPLATE_VERSION)
     src = _rendered.get(key)
     if src is None:
         src = _rendered[key] = render_decode(analysis, options)

@@ -308,13 +308,19 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     live = np.flatnonzero(hi > lo).astype(_I64)
     if len(live) == 0:
         return _empty(m)
-    # The layout's lines (block lines) over the blocks the line's range crosses.
-    ublk, which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
-    lay = _runs(p.layout, axis, ublk[:, 0], ublk[:, 1], ublk[:, 2], ctx)
     # The unit's lines, inside one block.
     uu, uwhich = _unique(fixed[live] % across)
     unit = _runs(p.unit, axis, uu, np.zeros(len(uu), _I64), np.full(len(uu), along, _I64), ctx)
     ucount = unit.counts()
+    # Lines whose unit line is empty hold nothing: the layout is read for the others only.
+    if not ucount.all():
+        some = ucount[uwhich] > 0
+        live, uwhich = live[some], uwhich[some]
+        if len(live) == 0:
+            return _empty(m)
+    # The layout's lines (block lines) over the blocks the line's range crosses.
+    ublk, which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
+    lay = _runs(p.layout, axis, ublk[:, 0], ublk[:, 1], ublk[:, 2], ctx)
     uptr = unit.ptr
     full = np.zeros(len(uu), dtype=bool)
     if len(unit):

@@ -1,0 +1,135 @@
+"""Per-token analysis of patterns without a periodic description (sas.analysis.per_token) at
+any length: the last use of every key and the causality check are read from column runs of
+the pattern tree, never from the n x n mask; they must equal the mask's on small lengths
+(with tiny chunks and windows, so that every path of the search runs), and a long length is
+analysed into a valid table (no refusal for length, only for memory)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from analysis_checks import brute_cache_size, brute_last_use, decode_with_functions
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from strategies import diags, patterns, spread_units
+
+from sas import Causal, Diag, Rect, analyze
+from sas.analysis import per_token
+from sas.errors import AnalysisError, KernelError
+from sas.ir.periodicity import structure
+
+ANALYZE = sys.modules["sas.analysis.analyze"]
+
+# spreads of non-square units over diagonal layouts: no periodic description
+DRIFTING = [(Rect(size=(2, 3)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> Diag(0, 2)) * Causal(),
+            ((Rect(size=(1, 3)) >> Diag(-2, None, stride=4)) + Diag(0, 4)) * Causal()]
+
+
+@st.composite
+def drifting(draw, max_depth: int = 2):
+    """Compositions holding a spread of a non-square unit over a layout with a Diag (no periodic
+    description: its blocks drift off the diagonal)."""
+    h, w = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    assume(h != w)
+    unit = Rect(size=(h, w))
+    if draw(st.booleans()):
+        unit = unit * draw(spread_units(max_depth=1))
+    layout = draw(diags())
+    if draw(st.booleans()):
+        layout = draw(st.sampled_from(["+", "*"])) == "+" and layout + draw(patterns(max_depth=1)) \
+            or layout * draw(patterns(max_depth=1))
+    p = unit >> layout
+    how = draw(st.sampled_from(["", "+", "*", "~"]))
+    if how == "+":
+        p = p + draw(patterns(max_depth=max_depth))
+    elif how == "*":
+        p = p * draw(patterns(max_depth=max_depth))
+    elif how == "~":
+        p = ~p
+    return p
+
+
+@pytest.fixture
+def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(per_token, "CHUNK", 7)
+    monkeypatch.setattr(per_token, "FIRST_WINDOW", 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(drifting().map(lambda p: p * Causal()), st.integers(1, 90))
+def test_last_use_equals_the_mask(p, n: int) -> None:
+    assume(not structure(p).periodic)
+    q = p.restrict(n)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "CHUNK", 7)
+        mp.setattr(per_token, "FIRST_WINDOW", 2)
+        got = per_token.last_use(q, n)
+    np.testing.assert_array_equal(got, brute_last_use(q.to_mask(n)))
+    np.testing.assert_array_equal(per_token.last_use(q, n), got)      # default steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(drifting(), st.integers(1, 60))
+def test_causality_check_equals_the_mask(p, n: int) -> None:
+    assume(not structure(p).periodic)
+    q = p.restrict(n)
+    upper = np.triu(q.to_mask(n), 1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "CHUNK", 5)
+        bad = per_token.non_causal_cell(q, n)
+    if upper.any():
+        assert bad is not None and bad[0] < bad[1] and upper[bad]
+    else:
+        assert bad is None
+
+
+@pytest.mark.parametrize("p", DRIFTING, ids=repr)
+def test_tables_decode_the_mask(tiny_steps: None, p) -> None:
+    n = 70
+    a = analyze(p, n)
+    assert not a.closed_form and a.scheme == "table"
+    assert a.cache_size == brute_cache_size(p.to_mask(n))
+    decode_with_functions(a, p.to_mask(n))
+
+
+@pytest.mark.parametrize("p", DRIFTING[:2], ids=repr)
+def test_long_lengths_are_analysed_not_refused(p) -> None:
+    n = 1 << 17                      # past the former limit of 32768
+    a = analyze(p, n)
+    assert not a.closed_form and len(a.tables["CACHE_ID"]) == n
+    ids = a.cache_ids()
+    # two keys live at once never share a slot: per slot, each key's last use is before the next key
+    L = per_token.last_use(p.restrict(n), n)
+    assert np.array_equal(ids >= 0, L >= np.arange(n)) and ids.max() == a.cache_size - 1
+    order = np.argsort(ids, kind="stable")
+    order = order[ids[order] >= 0]
+    same = ids[order[1:]] == ids[order[:-1]]
+    assert np.all(L[order[:-1]][same] < order[1:][same])
+    # the most keys live at once is the number of slots
+    live = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(live, np.flatnonzero(ids >= 0), 1)
+    np.add.at(live, L[ids >= 0] + 1, -1)
+    assert np.cumsum(live).max() == a.cache_size
+    # the last uses agree with the mask on the first rows' keys where the mask is small
+    m = 400
+    head = p.to_mask(m)
+    near = np.flatnonzero(L[:m] < m - 1)
+    near = near[L[near] >= 0]
+    np.testing.assert_array_equal(L[near], brute_last_use(head)[near])
+    k = int(np.flatnonzero(ids >= 0)[-1])
+    assert a.slot_key_func(int(ids[k]), k) == k and a.cache_id_func(k) == ids[k]
+
+
+def test_tables_are_refused_for_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "1M")
+    with pytest.raises(KernelError, match=r"per-token slot table .* max_len=65536 .*SAS_HOST_TABLE_LIMIT"):
+        analyze(DRIFTING[0], 1 << 16)
+    assert not analyze(DRIFTING[0], 1 << 12).closed_form
+
+
+def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
+    with pytest.raises(AnalysisError, match=r"more than 10 runs .*runs limit"):
+        per_token.last_use(DRIFTING[1], 4096)
