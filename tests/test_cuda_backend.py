@@ -34,28 +34,20 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.analysis import analyze
 from sas.codegen.compile import compile_pattern
-from sas.codegen.cuda_backend import check_compiles, find_nvcc, render_cuda, render_loader, trim_message
+from sas.codegen.cuda_backend import check_compiles, render_cuda, render_loader, trim_message
 from sas.codegen.printers import find_function, lower_function, lower_predicate, table_refs
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
+from helpers.cuda import needs_nvcc
 from helpers.table1 import TABLE1_ANALYSIS, TABLE1_KERNELS
 from strategies import causal_patterns
 
 pytestmark = pytest.mark.kernels
 
+
 N = 96   # positions evaluated by the host checks (analysis max_len)
 
 
-def _nvcc() -> str | None:
-    try:
-        return find_nvcc()
-    except KernelError:
-        return None
-
-
-NVCC = _nvcc()
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found on PATH, $CUDA_HOME/bin or "
-                                                     "/usr/local/cuda/bin: the CUDA compile checks need it")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found: the C++ printer check needs it")
 
 

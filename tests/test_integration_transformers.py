@@ -33,6 +33,7 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
 )
 
+from helpers.cuda import NVCC  # noqa: E402
 from model_fixtures import smollm2 as shared_smollm2  # noqa: E402
 
 from sas import Causal, Diag, Dynamic, Rect, ops  # noqa: E402
@@ -46,15 +47,6 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 WINDOW = Diag(0, 5)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
 
-
-def find_nvcc_or_none() -> str | None:
-    from sas.codegen.cuda_backend import find_nvcc
-    from sas.errors import SASError
-
-    try:
-        return find_nvcc()
-    except SASError:
-        return None
 STRIDED = (Diag(0, 3) + Diag(0, None, stride=4)) * Causal()          # every row has keys
 
 
@@ -239,7 +231,7 @@ def test_triton_backend_equals_torch_backend(llama):
     assert torch.equal(c, b)
 
 
-@pytest.mark.skipif(DEV != "cuda" or find_nvcc_or_none() is None, reason="the CUDA backend needs a GPU and nvcc")
+@pytest.mark.skipif(DEV != "cuda" or NVCC is None, reason="the CUDA backend needs a GPU and nvcc")
 def test_cuda_backend_equals_triton_backend():
     """backend='cuda' (nvcc-built kernels): padded rows, prefill and decode steps, against the
     Triton kernels on the same bf16 model (head dim 64)."""
