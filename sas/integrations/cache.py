@@ -214,18 +214,18 @@ class SASCacheLayer(CacheLayerMixin):
         if rt.is_dynamic:
             out = self._attend_dynamic(where, q, k, v, valid, first, scale)
         elif first:
-            if rt.use_triton(q):
+            if rt.use_kernel(q):
                 rows = None if valid is None else [torch.nonzero(valid[b])[:, 0] for b in range(B)]
-                out = rt.triton_prefill(q, k, v, rows, (self.keys, self.values), scale)
+                out = rt.kernel_prefill(q, k, v, rows, (self.keys, self.values), scale)
             else:
                 ex = rt.executor
                 plan = _memo(memo, (id(rt), "prefill"), lambda: ex.prefill_plan(pos, L, L, B, q.device))
                 out = ex.prefill(q, k, v, scale=scale, plan=plan)
                 ex.fill_cache(k, v, self.keys, self.values, positions=pos)
         elif L == 1:
-            if rt.use_triton(q):
+            if rt.use_kernel(q):
                 rows = self.host_lengths if valid is None else pos[:, 0].tolist()
-                out = rt.triton_decode(q, k, v, self.keys, self.values, rows, scale)
+                out = rt.kernel_decode(q, k, v, self.keys, self.values, rows, scale)
             else:
                 ex = rt.executor
                 plan = _memo(memo, (id(rt), "decode"), lambda: ex.decode_plan(pos[:, 0], B))

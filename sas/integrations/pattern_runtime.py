@@ -124,7 +124,7 @@ class PatternRuntime:
     def is_dynamic(self) -> bool:
         return self.dynamic_plan is not None
 
-    def use_triton(self, t: torch.Tensor) -> bool:
+    def use_kernel(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the compiled kernels (Triton, or CUDA for backend='cuda')
         rather than the torch executor."""
         if self.is_dynamic or self.backend in ("triton", "cuda"):
@@ -144,7 +144,7 @@ class PatternRuntime:
         """A stateful kernel (one per layer and sequence batch) for a Dynamic pattern."""
         return SASAttnKernel(self.pattern, max_len=self.max_len)
 
-    # --- triton helpers (static) -----------------------------------------------------------
+    # --- compiled-kernel helpers (static) -------------------------------------------------------
     @staticmethod
     def _kernel_q(q: torch.Tensor, scale: float | None) -> torch.Tensor:
         """The kernels scale scores by head_dim ** -0.5: fold any other model scale into q."""
@@ -154,9 +154,9 @@ class PatternRuntime:
         ratio = float(scale) * q.shape[-1] ** 0.5
         return q if abs(ratio - 1.0) < 1e-12 else q * ratio
 
-    def triton_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: list[torch.Tensor] | None,
+    def kernel_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: list[torch.Tensor] | None,
                        past: tuple[torch.Tensor, torch.Tensor] | None, scale: float | None) -> torch.Tensor:
-        """Prefill of a (possibly padded) prompt on the Triton kernels; fills `past` if given.
+        """Prefill of a (possibly padded) prompt on the compiled kernels; fills `past` if given.
         `rows[b]`: the indices of row b's real tokens (None: no padding)."""
         ker = self.kernel
         q, k, v = self._kernel_q(q, scale), k.contiguous(), v.contiguous()
@@ -176,7 +176,7 @@ class PatternRuntime:
                 ker.fill_cache(kb, vb, past[0][b:b + 1], past[1][b:b + 1])
         return out
 
-    def triton_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
+    def kernel_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
                       past_v: torch.Tensor, p: list[int], scale: float | None) -> torch.Tensor:
         """One token per row at positions `p` (a host list of B ints; -1: padding row, output 0)."""
         ker = self.kernel

@@ -114,8 +114,8 @@ def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: t
             raise NotYetSupportedError(f"{where}: a Dynamic pattern without an SASCache runs a whole unpadded "
                                        f"prompt only")
         return rt.new_dynamic_kernel().prefill(PatternRuntime._kernel_q(q, scale), k.contiguous(), v.contiguous())
-    if rt.use_triton(q) and valid is None:
-        return rt.triton_prefill(q, k, v, None, None, scale)
+    if rt.use_kernel(q) and valid is None:
+        return rt.kernel_prefill(q, k, v, None, None, scale)
     ex = rt.executor
     plan = memo.get((id(rt), "uncached"))
     if plan is None:
