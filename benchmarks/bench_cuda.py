@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_kernels import CAUSAL, PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms, rel_err  # noqa: E402
+from bench_kernels import (CAUSAL, PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms,  # noqa: E402
+                           rel_err, write_results)
 
 from sas.runtime import SASAttnKernel  # noqa: E402
 
@@ -342,13 +343,8 @@ def main() -> None:
     md = _markdown(meta, checks, rows, gqa_rows, sweep, summary)
     print()
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "checks": checks, "rows": rows,
-                                                        "gqa": gqa_rows, "sweep": sweep, "summary": summary},
-                                                       indent=1))
-        out.with_suffix(".md").write_text(md)
+    write_results(args.out, {"meta": meta, "checks": checks, "rows": rows, "gqa": gqa_rows, "sweep": sweep,
+                             "summary": summary}, md, indent=1)
 
 
 def _fmt(r):

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_kernels import copy_bandwidth, load_pattern, median_ms, rel_err  # noqa: E402
+from bench_kernels import copy_bandwidth, load_pattern, median_ms, rel_err, write_results  # noqa: E402
 
 from sas.runtime import SASAttnKernel  # noqa: E402
 
@@ -100,11 +100,7 @@ def main() -> None:
                      f"{r['rel_err_vs_masked_sdpa']:.1e} |")
     md = "\n".join(lines) + "\n"
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        out.with_suffix(".md").write_text(md)
+    write_results(args.out, {"meta": meta, "rows": rows}, md)
 
 
 if __name__ == "__main__":

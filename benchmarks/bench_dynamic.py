@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_kernels import PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms, rel_err  # noqa: E402
+from bench_kernels import (PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms, rel_err,  # noqa: E402
+                           write_results)
 
 from sas import Causal, Dynamic, ops  # noqa: E402
 from sas.dynamic import dynamic_attention_reference  # noqa: E402
@@ -202,11 +203,7 @@ def main() -> None:
         del q, k, v
     md = markdown(meta, rows)
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        out.with_suffix(".md").write_text(md)
+    write_results(args.out, {"meta": meta, "rows": rows}, md)
 
 
 def markdown(meta, rows) -> str:

@@ -299,12 +299,17 @@ def main() -> None:
     md = _markdown(meta, rows, gqa_rows, sweep_rows, summary)
     print()
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(
-            {"meta": meta, "rows": rows, "gqa": gqa_rows, "sweep": sweep_rows, "summary": summary}, indent=2))
-        out.with_suffix(".md").write_text(md)
+    write_results(args.out, {"meta": meta, "rows": rows, "gqa": gqa_rows, "sweep": sweep_rows, "summary": summary},
+                  md)
+
+
+def write_results(out: str | None, data: dict, md: str, indent: int = 2) -> None:
+    """The run's results as `<out>.json` (`data`) and `<out>.md` (`md`); nothing when `out` is None."""
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".json").write_text(json.dumps(data, indent=indent))
+        path.with_suffix(".md").write_text(md)
 
 
 def _dump(out, meta, rows, gqa_rows, sweep_rows):
