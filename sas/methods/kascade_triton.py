@@ -140,6 +140,32 @@ def kascade_tile_scores_kernel(Q, K, LSE, SCR, N, HKV, G, D, T0, NT, CH, TILE, q
 
 
 @triton.jit
+def _attend_listed(q, K, V, IDX, list_base, kv_base, lo, hi, D, dims, dim_ok, m_i, l_i, acc, qk_scale_log2,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of the rows of q over the keys listed in IDX[list_base + lo : list_base + hi]
+    (K, V rows gathered at kv_base + key * D), continuing (m_i, l_i, acc); returns them updated."""
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        ok = offs < hi
+        j = tl.load(IDX + list_base + offs, mask=ok, other=0).to(tl.int64)
+        k = tl.load(K + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def kascade_gather_prefill_kernel(Q, K, V, O, IDX, CNT, HMAP, N, HKV, HSRC, G, D, NT, KMAX, TILE, qk_scale_log2,
                                   BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -165,24 +191,8 @@ def kascade_gather_prefill_kernel(Q, K, V, O, IDX, CNT, HMAP, N, HKV, HSRC, G, D
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start in range(0, cnt, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        ok = offs < cnt
-        j = tl.load(IDX + list_base + offs, mask=ok, other=0).to(tl.int64)
-        k = tl.load(K + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_listed(q, K, V, IDX, list_base, kv_base, 0, cnt, D, dims, dim_ok, m_i, l_i, acc,
+                                   qk_scale_log2, BLOCK_N, DOT_PRECISION, UPCAST)
     # the tile's own keys, causal
     cols = t * TILE + tl.arange(0, BLOCK_T)
     col_ok = (cols < N) & (tl.arange(0, BLOCK_T) < TILE)
@@ -294,24 +304,8 @@ def kascade_gather_decode_kernel(Q, K, V, IDX, HMAP, O_PART, M_PART, L_PART, N, 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        ok = offs < hi
-        j = tl.load(IDX + list_base + offs, mask=ok, other=0).to(tl.int64)
-        k = tl.load(K + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + kv_base + j[:, None] * D + dims[None, :], mask=ok[:, None] & dim_ok[None, :], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_listed(q, K, V, IDX, list_base, kv_base, lo, hi, D, dims, dim_ok, m_i, l_i, acc,
+                                   qk_scale_log2, BLOCK_N, DOT_PRECISION, UPCAST)
     part = (bh * S + sp) * BLOCK_G
     tl.store(O_PART + (part + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_PART + part + rows, m_i)
