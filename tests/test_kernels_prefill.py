@@ -118,6 +118,45 @@ def test_standalone_module_build_tiles_matches_tile_map():
         assert rel_error(out, reference_attention(p, q, k, v)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("name,lq,lk,hq,hkv,transposed", [
+    ("streaming_llm", 96, 96, 2, 1, False),      # GQA, lengths a multiple of the tiles
+    ("openai_fixed", 37, 100, 3, 3, True),       # query suffix, ragged lengths, [B, L, H, D] storage of q
+    ("sliding_window", 50, 50, 2, 2, False),
+])
+def test_tma_descriptor_path(name, lq, lk, hq, hkv, transposed):
+    """The TMA tensor-descriptor loads (the default on Hopper for 16-bit inputs) against the
+    reference: K/V rows past the end of a head (the next head's rows in the [B*H*L, D] matrix)
+    must not count."""
+    p = TABLE1_KERNELS[name]
+    mod = prefill_module(p, SMALL)
+    if mod.TensorDescriptor is None:
+        pytest.skip("this Triton has no tensor descriptors")  # Triton >= 3.4 has them
+    dtype = torch.bfloat16
+    q, k, v = qkv(1, hq, hkv, lq, 64, Lk=lk, dtype=dtype, device=DEV, seed=lq)
+    if transposed:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    tiles = mod.build_tiles(lq, lk, block_m=32, block_n=16, device=DEV)
+    ref = reference_attention(p, q, k, v)
+    out = mod.prefill(q, k, v, *tiles, block_m=32, block_n=16, num_warps=4, num_stages=1, use_tma=True)
+    assert rel_error(out, ref) < TOL[dtype]
+    plain = mod.prefill(q, k, v, *tiles, block_m=32, block_n=16, num_warps=4, num_stages=1, use_tma=False)
+    assert rel_error(plain, ref) < TOL[dtype]
+
+
+def test_tma_ok_refuses_what_descriptors_cannot_read():
+    mod = prefill_module(TABLE1_KERNELS["sliding_window"], SMALL)
+    x = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    assert not mod.tma_ok(x, x)                                  # CPU tensors
+    assert not mod.tma_ok(x.float(), x.float())                  # 32-bit elements
+    assert not mod.tma_ok(x[..., ::2], x[..., ::2])              # rows not contiguous
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not mod.tma_ok(xt)                                    # heads do not collapse into rows
+    assert mod.rows_collapse(x) and not mod.rows_collapse(xt)
+    with pytest.raises(ValueError, match="use_tma"):
+        tiles = mod.build_tiles(16, 16, block_m=32, block_n=16, device=DEV)
+        mod.prefill(x.to(DEV), xt.to(DEV), xt.to(DEV), *tiles, block_m=32, block_n=16, use_tma=True)
+
+
 def test_compiled_module_is_cached():
     p = Diag(0, 37) * Rect(cols=(1, None))                   # used by no other test
     a = prefill_module(p, SMALL)
