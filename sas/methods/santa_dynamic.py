@@ -28,11 +28,12 @@ from sas.errors import NotYetSupportedError
 from sas.methods.decoder_runtime import DecoderRuntime
 from sas.methods.santa import SantaRandom
 from sas.methods.santa_runtime import SantaDecoder, SantaOptions
+from sas.lang.pattern import Not
+from sas.lang.primitives import Rect
 from sas.plan import Plan
 
-#: rows examined to tell whether the static part is empty
-SHAPE_ROWS = 512
-
+#: what `plan_dynamic` leaves as the static part of a pattern the Dynamic multiplies whole
+EMPTY = Not(Rect())
 
 def is_sample(split: DynamicPlan | None) -> bool:
     """Whether a dynamic split's score chain ends with `.sample(...)` (SANTA)."""
@@ -58,12 +59,6 @@ class SantaDynamicRuntime(DecoderRuntime):
         if not split.refresh:
             raise NotYetSupportedError("SANTA sampling (.sample) draws anew at every step and keeps every key of "
                                        "the pattern: use Dynamic(..., refresh=True)")
-        n = min(plan.max_len, SHAPE_ROWS)
-        if split.static.to_mask(n).any():
-            raise NotYetSupportedError(
-                f"SANTA sampling with a static part ({split.static!r}) beside the sampled region: exact cells "
-                f"merged with sampled ones are not implemented; multiply the whole pattern by the Dynamic, "
-                f"e.g. Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S), refresh=True)")
         self.plan, self.split = plan, split
         self.max_len = plan.max_len
         self.options, seed = options_of(split)
@@ -73,6 +68,13 @@ class SantaDynamicRuntime(DecoderRuntime):
         def attends(pos: int, keys: np.ndarray) -> np.ndarray:
             return np.asarray(full.evaluate(np.full(keys.shape, pos, dtype=np.int64), keys), dtype=bool)
 
+        static = None
+        if split.static != EMPTY:
+            part = split.static
+
+            def static(pos: int, keys: np.ndarray) -> np.ndarray:
+                return np.asarray(part.evaluate(np.full(keys.shape, pos, dtype=np.int64), keys), dtype=bool)
+
         def prompt_mask(p: int) -> np.ndarray | None:
             m = full.to_mask(p)
             return None if np.array_equal(m, np.tri(p, dtype=bool)) else m
@@ -80,7 +82,7 @@ class SantaDynamicRuntime(DecoderRuntime):
         self.decoder = SantaDecoder(self.options, max_len=plan.max_len, cache_size=int(self.analysis.cache_size),
                                     cache_ids=self.analysis.cache_ids(plan.max_len), attends=attends,
                                     random=SantaRandom(seed) if random is None else random,
-                                    prompt_mask=prompt_mask)
+                                    prompt_mask=prompt_mask, static=static)
 
     @property
     def random(self) -> SantaRandom:
