@@ -5,14 +5,19 @@
     santa = Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S, method="systematic"),
                                refresh=True)
     window_santa = (Rect(cols=(0, 4)) + Diag(0, 1024)) * Causal() * Dynamic(budget=S, score=..., refresh=True)
+    sink_window = (Rect(cols=(0, 4)) + Diag(0, 64)) * Causal()
+    mixed = sink_window + (Causal() * ~sink_window) * Dynamic(budget=S, score=..., refresh=True)
 
-The Dynamic multiplies the whole pattern (its static part is empty): every decode query draws S
-keys per query head from its exact softmax over the cells the pattern without the Dynamic
-attends (`plan.full`), inside that pattern's compact KV cache (`sas.analyze(plan.full)`: slots,
-`cache_id_func`; a window keeps only its window). The prompt attends `plan.full` exactly (the
-paper prefills densely). A non-empty static part (exact cells beside sampled ones) raises
-`NotYetSupportedError`; so does `refresh=False` (sampling draws anew at every step and evicts
-nothing). `budget` plays no part beyond the usual checks: the draws are `n` per query head.
+Every decode query draws S keys per query head from its exact softmax over the cells of the
+sampled region (`plan.full` outside `plan.static`), inside the compact KV cache of the pattern
+without the Dynamic (`sas.analyze(plan.full)`: slots, `cache_id_func`; a window keeps only its
+window). A non-empty static part (`mixed`) is attended exactly and merged with the estimate by
+the exact row sums, `(Z_s O_s + Z_d O_d) / (Z_s + Z_d)` (still unbiased; docs/santa.md, "Exact
+static part"); when the Dynamic multiplies the whole pattern the static part is empty and
+every attended key is sampled. The prompt attends `plan.full` exactly (the paper prefills
+densely). `refresh=False` raises `NotYetSupportedError` (sampling draws anew at every step and
+evicts nothing). `budget` plays no part beyond the usual checks: the draws are `n` per query
+head.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ per-tile budgets, parallel sparse V gather) or flash (per-tile draws, deferred m
 kernels of `sas.methods.santa_triton`; `strategy="torch"` runs the section-2 estimators
 (multinomial, stratified, systematic) in plain PyTorch. The same uniforms give the same draws,
 and the float64 references `sas.methods.santa.prop_reference` / `flash_reference` reproduce
-the kernels' counts from them.
+the kernels' counts from them. `static=` marks slots attended exactly: the draws then cover
+the other slots only and the two parts merge by their exact row sums (`composed_reference`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ The G query heads of a KV head are the rows of one program (padded to BLOCK_G >=
 - **flash** (two launches): `santa_flash_kernel`, grid (B*Hkv, T): scores, (m_t, l_t) and
   S_TILE systematic draws from the tile's own softmax in one pass, partial `sum c V / S_TILE`;
   `santa_flash_merge_kernel` merges the T partials with the exact weights exp2(m_t - m*) l_t.
+- **exact static part** (keys attended exactly beside the sampled ones):
+  `santa_static_partial_kernel`, grid (B*Hkv, P), online softmax over the listed static slots
+  (split-K partials acc, m, l per query head); the sampled keys run as above with the static
+  ones masked out, and the output is `(Z_s O_s + Z_d O_d) / (Z_s + Z_d)`: prop's budget program
+  stores the region's (m*, Z) and its gather's last program per KV head merges
+  (`_merge_static`); flash's merge takes the static partials as extra terms.
 """
 
 from __future__ import annotations
