@@ -619,12 +619,16 @@ class SantaDecoder:
         ok = used[:n_keys]
         if self.attends is not None:
             ok = ok & np.asarray(self.attends(pos, np.maximum(self.slot_pos[:n_keys], 0)), dtype=bool)
-        mask = None if ok.all() else torch.from_numpy(ok.astype(np.int8)).to(q.device)
         static = None
         if self.static is not None:
             st = ok & np.asarray(self.static(pos, np.maximum(self.slot_pos[:n_keys], 0)), dtype=bool)
             if st.any():
-                static = torch.from_numpy(st.astype(np.int8))        # host: the slot list costs no device sync
+                static = torch.from_numpy(st.astype(np.int8))
+        # with a static part both masks stay on the host: santa_decode lists the static slots and
+        # forms the sampled region there, with no device sync
+        mask = None if ok.all() else torch.from_numpy(ok.astype(np.int8))
+        if mask is not None and static is None:
+            mask = mask.to(q.device)
         res = santa_decode(q[:, :, 0], self.k, self.v, n_keys, self.options, self.random, mask=mask, static=static,
                            scale=self.scale, return_counts=self.keep_counts)
         self.last_counts = res.counts
