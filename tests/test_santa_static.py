@@ -217,3 +217,30 @@ def test_bad_static_argument():
         santa_decode(q, k, v, 32, SantaOptions(n=4, tile=16), static=torch.ones(16, dtype=torch.bool))
     with pytest.raises(KernelError, match="static"):
         santa_decode(q, k, v, 32, SantaOptions(n=4, tile=16), static=np.ones(32, dtype=bool))
+
+
+@pytest.mark.kernels
+def test_integration_composed_pattern_follows_the_dense_model():
+    """sinks + window exact, rest sampled, through sas_attention (one SASAttnKernel per layer):
+    with many draws the logits follow the dense model's."""
+    import copy
+
+    from model_fixtures import tiny_llama
+
+    from sas.integrations.transformers import sas_attention
+
+    base = tiny_llama()
+    ids = torch.randint(1, 128, (1, 8), generator=torch.Generator().manual_seed(3))
+
+    def greedy(model):
+        out = model.generate(ids.to(DEV), max_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        return out.sequences, torch.stack(out.logits, 1), out.past_key_values
+
+    dense_seq, dense_logits, _ = greedy(copy.deepcopy(base).to(DEV))
+    static = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal()
+    seq, logits, cache = greedy(sas_attention(copy.deepcopy(base).to(DEV), composed(20000, "prop", static),
+                                              backend="triton", max_len=64))
+    assert all(layer.kernel.dynamic.decoder.static is not None for layer in cache.layers)
+    assert torch.equal(seq, dense_seq)
+    assert (logits - dense_logits).abs().max() < 0.05
