@@ -61,7 +61,10 @@ def kernel_steps(strategy: str, context: int, n: int, steps: int, hq: int, hkv: 
             bad.append(f"{strategy} step {i}: {int(st.sum())} static slots, expected 68")
         if (c[..., ~region] != 0).any():
             bad.append(f"{strategy} step {i}: draws on static or unattended slots")
-        want = n if strategy == "prop" else math.ceil(nk / tile) * flash_tile_samples(n, math.ceil(nk / tile))
+        t = math.ceil(nk / tile)
+        live_tiles = int(torch.zeros(t, device=dev).index_add_(0, torch.arange(nk, device=dev) // tile,
+                                                               region.float()).gt(0).sum())
+        want = n if strategy == "prop" else live_tiles * flash_tile_samples(n, t)   # flash: tiles with sampled keys
         if not (c.sum(-1) == want).all():
             bad.append(f"{strategy} step {i}: draws per head {sorted(set(c.sum(-1).flatten().tolist()))}, "
                        f"expected {want}")
