@@ -373,18 +373,19 @@ def composed_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts
     st, rg = static.to(torch.bool).to(q.device), region.to(torch.bool).to(q.device)
     s_s, s_d = s.masked_fill(~st, float("-inf")), s.masked_fill(~rg, float("-inf"))
     lse_s, lse_d = torch.logsumexp(s_s, -1), torch.logsumexp(s_d, -1)
-    o_s = estimate(torch.softmax(s_s, -1), v, 1) if st.any() else torch.zeros(b, hq, v.shape[-1], dtype=torch.float64)
+    f64 = {"dtype": torch.float64, "device": q.device}
+    o_s = estimate(torch.softmax(s_s, -1), v, 1) if st.any() else torch.zeros(b, hq, v.shape[-1], **f64)
     if not rg.any():
         return o_s
     if strategy == "flash":
         t = max(1, math.ceil(lk / tile))
         tile_of = torch.arange(lk, device=q.device) // tile
         p_d = torch.softmax(s_d, -1)                                    # p_n = W_t(n) / Z_d * u_n / l_t(n)
-        w_t = torch.zeros(b, hq, t, dtype=torch.float64).index_add_(-1, tile_of, p_d)       # W_t / Z_d
+        w_t = torch.zeros(b, hq, t, **f64).index_add_(-1, tile_of, p_d)                    # W_t / Z_d
         o_d = estimate(counts.to(torch.float64) * w_t[..., tile_of], v, flash_tile_samples(n, t))
     else:
         o_d = estimate(counts, v, n)
-    w_s = torch.sigmoid(lse_s - lse_d)[..., None] if st.any() else torch.zeros(b, hq, 1, dtype=torch.float64)
+    w_s = torch.sigmoid(lse_s - lse_d)[..., None] if st.any() else torch.zeros(b, hq, 1, **f64)
     return w_s * o_s + (1 - w_s) * o_d
 
 
