@@ -477,10 +477,6 @@ def test_unsupported_sample_chains_and_patterns():
         trace_score(ops.attn_score(estimator="bernoulli").sum(dim=1))
     with pytest.raises(NotYetSupportedError, match="refresh=True"):
         SASAttnKernel(Causal() * Dynamic(budget=4, score=ops.attn_score().sample(n=4)), max_len=64)
-    win = Diag(0, 8) * Causal()
-    with pytest.raises(NotYetSupportedError, match="static part"):
-        SASAttnKernel(win + (Causal() * ~win) * Dynamic(budget=4, score=ops.attn_score().sample(n=4), refresh=True),
-                      max_len=64)
 
 
 def test_bad_kernel_input():

@@ -18,7 +18,8 @@ This module holds the plain PyTorch specification: the samplers, the random sour
 (`SantaRandom`), the per-tile budget rules of the two kernels (`tile_budgets`), float64
 references of the prop and flash kernels for given uniforms (`prop_reference`,
 `flash_reference`), the paper's Bernoulli ternary-query estimator of `q K^T`
-(`bernoulli_query`), and `santa_attention_reference` (a whole prefill + decode run). The Triton
+(`bernoulli_query`), and `composed_reference` (a step with an exact static part beside the
+sampled keys, for given draws). The Triton
 kernels are `sas.methods.santa_triton`, their host side `sas.methods.santa_runtime`.
 """
 
@@ -354,6 +355,40 @@ def flash_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, u
     return out, counts.reshape(b, hq, t * tile)[..., :lk]
 
 
+def composed_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: torch.Tensor, n: int,
+                       static: torch.Tensor, region: torch.Tensor, *, strategy: str = "prop", tile: int = 256,
+                       scale: float | None = None) -> torch.Tensor:
+    """float64 output of a decode step with an exact static part, for given draws: keys with
+    `static [Lk]` (bool) are attended exactly, the draws `counts [B, Hq, Lk]` lie on `region [Lk]`
+    (disjoint from static) and `out = (Z_s O_s + Z_d O_d) / (Z_s + Z_d)` with O_s the exact
+    attention over the static keys, Z the exact row sums (softmax denominators) of the two parts
+    and O_d the estimator of the draws: `(1/S) sum c V` (prop, torch), or flash's
+    `sum_t W_t / Z_d sum_{n in t} c_n V_n / S_tile` (tiles of `tile` keys). q [B, Hq, D], k, v
+    [B, Hkv, Lk, D] -> [B, Hq, D]."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    b, hq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    qg = group_query(q.to(torch.float64), hkv)
+    s = (torch.einsum("bhgd,bhkd->bhgk", qg, k.to(torch.float64)) * scale).reshape(b, hq, lk)
+    st, rg = static.to(torch.bool).to(q.device), region.to(torch.bool).to(q.device)
+    s_s, s_d = s.masked_fill(~st, float("-inf")), s.masked_fill(~rg, float("-inf"))
+    lse_s, lse_d = torch.logsumexp(s_s, -1), torch.logsumexp(s_d, -1)
+    f64 = {"dtype": torch.float64, "device": q.device}
+    o_s = estimate(torch.softmax(s_s, -1), v, 1) if st.any() else torch.zeros(b, hq, v.shape[-1], **f64)
+    if not rg.any():
+        return o_s
+    if strategy == "flash":
+        t = max(1, math.ceil(lk / tile))
+        tile_of = torch.arange(lk, device=q.device) // tile
+        p_d = torch.softmax(s_d, -1)                                    # p_n = W_t(n) / Z_d * u_n / l_t(n)
+        w_t = torch.zeros(b, hq, t, **f64).index_add_(-1, tile_of, p_d)                    # W_t / Z_d
+        o_d = estimate(counts.to(torch.float64) * w_t[..., tile_of], v, flash_tile_samples(n, t))
+    else:
+        o_d = estimate(counts, v, n)
+    w_s = torch.sigmoid(lse_s - lse_d)[..., None] if st.any() else torch.zeros(b, hq, 1, **f64)
+    return w_s * o_s + (1 - w_s) * o_d
+
+
 def torch_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, method: str, u: torch.Tensor, *,
                  valid: torch.Tensor | None = None, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's section 2 estimators over the exact softmax (no tiles): (out, counts)."""
@@ -365,6 +400,6 @@ def torch_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, meth
 
 __all__ = ["ALLOCS", "DEFAULT_SEED", "ESTIMATORS", "GROUPS", "METHODS", "STRATEGIES", "SantaRandom",
            "TileBudgets", "bernoulli_query", "bernoulli_uniform_shape", "check_choice", "check_samples",
-           "check_seed", "count_form", "draw_points", "estimate", "exact_moments", "expected_draws", "flash_reference",
+           "check_seed", "composed_reference", "count_form", "draw_points", "estimate", "exact_moments", "expected_draws", "flash_reference",
            "flash_tile_samples", "group_query", "probabilities", "prop_reference", "sample_counts",
            "tile_budgets", "tile_weights", "torch_sample", "uniforms_shape"]

@@ -5,14 +5,19 @@
     santa = Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S, method="systematic"),
                                refresh=True)
     window_santa = (Rect(cols=(0, 4)) + Diag(0, 1024)) * Causal() * Dynamic(budget=S, score=..., refresh=True)
+    sink_window = (Rect(cols=(0, 4)) + Diag(0, 64)) * Causal()
+    mixed = sink_window + (Causal() * ~sink_window) * Dynamic(budget=S, score=..., refresh=True)
 
-The Dynamic multiplies the whole pattern (its static part is empty): every decode query draws S
-keys per query head from its exact softmax over the cells the pattern without the Dynamic
-attends (`plan.full`), inside that pattern's compact KV cache (`sas.analyze(plan.full)`: slots,
-`cache_id_func`; a window keeps only its window). The prompt attends `plan.full` exactly (the
-paper prefills densely). A non-empty static part (exact cells beside sampled ones) raises
-`NotYetSupportedError`; so does `refresh=False` (sampling draws anew at every step and evicts
-nothing). `budget` plays no part beyond the usual checks: the draws are `n` per query head.
+Every decode query draws S keys per query head from its exact softmax over the cells of the
+sampled region (`plan.full` outside `plan.static`), inside the compact KV cache of the pattern
+without the Dynamic (`sas.analyze(plan.full)`: slots, `cache_id_func`; a window keeps only its
+window). A non-empty static part (`mixed`) is attended exactly and merged with the estimate by
+the exact row sums, `(Z_s O_s + Z_d O_d) / (Z_s + Z_d)` (still unbiased; docs/santa.md, "Exact
+static part"); when the Dynamic multiplies the whole pattern the static part is empty and
+every attended key is sampled. The prompt attends `plan.full` exactly (the paper prefills
+densely). `refresh=False` raises `NotYetSupportedError` (sampling draws anew at every step and
+evicts nothing). `budget` plays no part beyond the usual checks: the draws are `n` per query
+head.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from sas.errors import NotYetSupportedError
 from sas.methods.decoder_runtime import DecoderRuntime
 from sas.methods.santa import SantaRandom
 from sas.methods.santa_runtime import SantaDecoder, SantaOptions
+from sas.lang.pattern import Not
+from sas.lang.primitives import Rect
 from sas.plan import Plan
 
-#: rows examined to tell whether the static part is empty
-SHAPE_ROWS = 512
-
+#: what `plan_dynamic` leaves as the static part of a pattern the Dynamic multiplies whole
+EMPTY = Not(Rect())
 
 def is_sample(split: DynamicPlan | None) -> bool:
     """Whether a dynamic split's score chain ends with `.sample(...)` (SANTA)."""
@@ -58,12 +64,6 @@ class SantaDynamicRuntime(DecoderRuntime):
         if not split.refresh:
             raise NotYetSupportedError("SANTA sampling (.sample) draws anew at every step and keeps every key of "
                                        "the pattern: use Dynamic(..., refresh=True)")
-        n = min(plan.max_len, SHAPE_ROWS)
-        if split.static.to_mask(n).any():
-            raise NotYetSupportedError(
-                f"SANTA sampling with a static part ({split.static!r}) beside the sampled region: exact cells "
-                f"merged with sampled ones are not implemented; multiply the whole pattern by the Dynamic, "
-                f"e.g. Causal() * Dynamic(budget=S, score=ops.attn_score().sample(n=S), refresh=True)")
         self.plan, self.split = plan, split
         self.max_len = plan.max_len
         self.options, seed = options_of(split)
@@ -73,6 +73,13 @@ class SantaDynamicRuntime(DecoderRuntime):
         def attends(pos: int, keys: np.ndarray) -> np.ndarray:
             return np.asarray(full.evaluate(np.full(keys.shape, pos, dtype=np.int64), keys), dtype=bool)
 
+        static = None
+        if split.static != EMPTY:
+            part = split.static
+
+            def static(pos: int, keys: np.ndarray) -> np.ndarray:
+                return np.asarray(part.evaluate(np.full(keys.shape, pos, dtype=np.int64), keys), dtype=bool)
+
         def prompt_mask(p: int) -> np.ndarray | None:
             m = full.to_mask(p)
             return None if np.array_equal(m, np.tri(p, dtype=bool)) else m
@@ -80,7 +87,7 @@ class SantaDynamicRuntime(DecoderRuntime):
         self.decoder = SantaDecoder(self.options, max_len=plan.max_len, cache_size=int(self.analysis.cache_size),
                                     cache_ids=self.analysis.cache_ids(plan.max_len), attends=attends,
                                     random=SantaRandom(seed) if random is None else random,
-                                    prompt_mask=prompt_mask)
+                                    prompt_mask=prompt_mask, static=static)
 
     @property
     def random(self) -> SantaRandom:

@@ -7,7 +7,8 @@ per-tile budgets, parallel sparse V gather) or flash (per-tile draws, deferred m
 kernels of `sas.methods.santa_triton`; `strategy="torch"` runs the section-2 estimators
 (multinomial, stratified, systematic) in plain PyTorch. The same uniforms give the same draws,
 and the float64 references `sas.methods.santa.prop_reference` / `flash_reference` reproduce
-the kernels' counts from them.
+the kernels' counts from them. `static=` marks slots attended exactly: the draws then cover
+the other slots only and the two parts merge by their exact row sums (`composed_reference`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, 
                                bernoulli_uniform_shape, check_choice, check_samples, flash_tile_samples,
                                sample_counts, tile_budgets, uniforms_shape)
 from sas.methods.santa_triton import (santa_flash_kernel, santa_flash_merge_kernel, santa_prop_budget_kernel,
-                                      santa_prop_gather_kernel, santa_prop_scores_kernel)
+                                      santa_prop_gather_kernel, santa_prop_scores_kernel,
+                                      santa_static_partial_kernel)
 
 LOG2E = 1.4426950408889634
 DEFAULT_TILE = {"prop": 256, "flash": 256}
@@ -43,6 +45,10 @@ SCORE_STAGES = 3
 SCORE_WARPS = 8
 GATHER_WARPS: int | None = None
 GATHER_R: int | None = None
+# the exact static part: keys per block of its online softmax, and the list entries per split
+# (splits * B * Hkv programs; the GPU rule aims at one wave)
+STATIC_BLOCK_N = 64
+STATIC_MIN_CHUNK = 256
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -101,7 +107,7 @@ class StepResult:
     uniforms: torch.Tensor
 
 
-def _check_decode(q, k_cache, v_cache, n_keys, mask) -> None:
+def _check_decode(q, k_cache, v_cache, n_keys, mask, static=None) -> None:
     where = "santa_decode"
     for name, t, rank in (("q", q, 3), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
         if not isinstance(t, torch.Tensor) or t.dim() != rank:
@@ -119,19 +125,31 @@ def _check_decode(q, k_cache, v_cache, n_keys, mask) -> None:
         raise KernelError(f"{where}: q, k_cache and v_cache must be on one device")
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 1 or mask.shape[0] < n_keys):
         raise KernelError(f"{where}: mask must be a 1-d tensor of at least n_keys={n_keys} slots")
+    if static is not None and (not isinstance(static, torch.Tensor) or static.dim() != 1
+                               or static.shape[0] < n_keys):
+        raise KernelError(f"{where}: static must be a 1-d tensor (bool/int8 per slot) of at least n_keys={n_keys} "
+                          f"slots")
 
 
 def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys: int,
                  options: SantaOptions, random: SantaRandom | None = None, *, mask: torch.Tensor | None = None,
-                 uniforms: torch.Tensor | None = None, qk_uniforms: torch.Tensor | None = None,
-                 scale: float | None = None, return_counts: bool = False) -> StepResult:
+                 static: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
+                 qk_uniforms: torch.Tensor | None = None, scale: float | None = None,
+                 return_counts: bool = False) -> StepResult:
     """One SANTA decode step: q [B, Hq, D] (one query per head), caches [B, Hkv, slots, D]; keys
     are slots [0, n_keys) where `mask` (int8/bool per slot, shared by batch and heads) is set.
     Returns the estimate [B, Hq, D] in q's dtype (and the draws per slot if `return_counts`).
     `uniforms` overrides the random source (shape: [B, Hq, 1] for systematic prop with
     global_sys and for strategy torch's systematic, [B, Hq, n] for its other methods, [B, Hq, T]
-    otherwise)."""
-    _check_decode(q, k_cache, v_cache, n_keys, mask)
+    otherwise).
+
+    `static` (int8/bool per slot, shared like `mask`) marks the keys attended exactly: the
+    draws then come from the softmax restricted to the other keys (the sampled region R_d), and
+    the output is `(Z_s O_s + Z_d O_d) / (Z_s + Z_d)` with O_s the exact attention over the
+    static keys, O_d the estimate over R_d and Z the exact row sums (docs/santa.md, "Exact
+    static part"). A step whose keys are all static is exact attention (no draws; `uniforms`
+    empty); a `static` with no key set is the same as None."""
+    _check_decode(q, k_cache, v_cache, n_keys, mask, static)
     random = SantaRandom() if random is None else random
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -144,8 +162,16 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q_score = bernoulli_query(q, hkv, options.qk_samples, options.qk_group, qu).to(q.dtype)
     else:
         q_score = q
+    parts = _static_split(mask, static, n_keys, dev)
+    if parts is not None:
+        mask, static_idx, n_region = parts
+    else:
+        static_idx, n_region = None, n_keys
     if options.strategy == "torch":
-        return _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale)
+        return _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale, static_idx,
+                           n_region)
+    if static_idx is not None and n_region == 0:
+        return _static_only(q, q_score, k_cache, v_cache, static_idx, scale, return_counts, n_keys)
     block_n = options.block_n
     t = max(1, math.ceil(n_keys / block_n))
     block_g = _pow2(g, 16)
@@ -177,14 +203,16 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                  t, qk_scale_log2, float(s_tile), BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
                                  HAS_MASK=has_mask, STORE_COUNTS=return_counts, UPCAST=upcast,
                                  DOT_PRECISION=precision, LOWP=lowp, BIG=s_tile > 256, num_warps=warps)
+        sp = _static_partials(q_score, kc, vc, static_idx, scale, interp, precision, upcast)
         out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
-        santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, BLOCK_T=min(_pow2(t), 64),
-                                            BLOCK_D=block_d)
+        santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, *sp.args, BLOCK_T=min(_pow2(t), 64),
+                                            BLOCK_D=block_d, HAS_STATIC=sp.splits > 0)
         return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
     # prop: two launches (scores + stash, with the budgets in the last program of each KV head;
     # gather, with the cast in the last program of each KV head) on scratch buffers kept per shape
+    compose = static_idx is not None
     plan = _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q.dtype, k_cache.dtype, options, has_mask,
-                      return_counts, interp, precision, upcast)
+                      return_counts, interp, precision, upcast, compose)
     if plan.global_sys:
         u = random.uniform((b, hq, 1), dev) if uniforms is None else uniforms
         _check_uniforms(u, (b, hq, 1), "prop (alloc='global_sys')")
@@ -195,11 +223,11 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     bufs = plan.bufs
     n_flags = (n_keys % 16 == 0, n_keys == 1)
     plan.scores(plan.score_grid, (_aligned(qc), _aligned(kc), _aligned(mk), _aligned(u), n_flags),
-                (qc, kc, mk, bufs.stash, bufs.m_t, bufs.l_t, bufs.cnt, u, bufs.inv, bufs.off, bufs.st, ncap, n_keys,
-                 g, d, t, plan.tpp, scale * LOG2E, float(options.n)), dev)
+                (qc, kc, mk, bufs.stash, bufs.m_t, bufs.l_t, bufs.cnt, u, bufs.inv, bufs.off, bufs.st, bufs.mz, ncap,
+                 n_keys, g, d, t, plan.tpp, scale * LOG2E, float(options.n)), dev)
     if plan.budget is not None:
-        plan.budget((b * hkv, 1, 1), (_aligned(u),), (bufs.m_t, bufs.l_t, u, bufs.inv, bufs.off, bufs.st, g, t,
-                                                     float(options.n)), dev)
+        plan.budget((b * hkv, 1, 1), (_aligned(u),), (bufs.m_t, bufs.l_t, u, bufs.inv, bufs.off, bufs.st, bufs.mz, g,
+                                                     t, float(options.n)), dev)
     if plan.global_sys:
         inv, off, st = bufs.inv, bufs.off, bufs.st
     else:
@@ -208,12 +236,87 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         inv = bud.inv.float().contiguous()
         off = bud.offset.float().contiguous()
         st = bud.samples.to(torch.int32).contiguous()
+        if compose:          # the region's (m*, Z) per head, log2 domain, as the budget program stores them
+            live = bufs.l_t > 0
+            mstar = torch.where(live, bufs.m_t, float("-inf")).amax(-1)
+            mstar = torch.where(torch.isfinite(mstar), mstar, torch.zeros_like(mstar))
+            z = torch.where(live, torch.exp2(bufs.m_t - mstar[:, None]) * bufs.l_t, torch.zeros_like(bufs.l_t)).sum(-1)
+            bufs.mz.copy_(torch.stack([mstar, z], -1))
+    sp = _static_partials(q_score, kc, vc, static_idx, scale, interp, precision, upcast)
     out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
     plan.gather(plan.gather_grid, (_aligned(inv), _aligned(off), _aligned(st), _aligned(vc), _aligned(out),
-                                   _aligned(counts), n_flags),
+                                   _aligned(counts), *(_aligned(x) for x in sp.args[:3]), sp.splits == 1,
+                                   sp.splits % 16 == 0, n_flags),
                 (bufs.stash, inv, off, st, vc, bufs.out32, out, plan.cnt_gather, counts, ncap, n_keys, g, d, t,
-                 1.0 / options.n), dev)
+                 1.0 / options.n, bufs.mz, *sp.args), dev)
     return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+
+
+@dataclass
+class _StaticPartials:
+    """The exact static part's split-K partials: acc [B*Hq, P, D] fp32 (unnormalised), log2-domain
+    max and row sum [B*Hq, P]; `args` = (O_S, M_S, L_S, P) as the merge kernels take them (dummy
+    pointers and P = 0 without a static part)."""
+
+    splits: int
+    args: tuple
+
+
+def _static_split(mask, static, n_keys, dev):
+    """(sampled-region mask, static slot list int32 on `dev`, sampled-key count), or None when
+    no key is static. Computed where `static` lives (a host tensor costs no device sync)."""
+    if static is None:
+        return None
+    st = static[:n_keys].to(torch.bool)
+    if mask is not None:
+        st = st & mask[:n_keys].to(device=st.device, dtype=torch.bool)
+    idx = torch.nonzero(st).flatten().to(torch.int32)
+    if idx.numel() == 0:
+        return None
+    region = ~st if mask is None else mask[:n_keys].to(device=st.device, dtype=torch.bool) & ~st
+    return region.to(device=dev, dtype=torch.int8), idx.to(dev), int(region.sum())
+
+
+def _static_partials(q, kc, vc, idx, scale, interp, precision, upcast) -> _StaticPartials:
+    """Launch `santa_static_partial_kernel` over the listed static slots (nothing without any)."""
+    dev = q.device
+    if idx is None:
+        dummy = _dummy(dev, torch.float32)
+        return _StaticPartials(0, (dummy, dummy, dummy, 0))
+    b, hq, d = q.shape
+    hkv, ncap = kc.shape[1], kc.shape[2]
+    g = hq // hkv
+    n_list = int(idx.numel())
+    blocks = -(-n_list // STATIC_BLOCK_N)
+    want = 2 if interp else max(1, _sm_count(dev) // (b * hkv))
+    chunk = max(-(-blocks // want), -(-STATIC_MIN_CHUNK // STATIC_BLOCK_N) if not interp else 1) * STATIC_BLOCK_N
+    splits = -(-n_list // chunk)
+    o_s = torch.empty(b * hq, splits, d, dtype=torch.float32, device=dev)
+    m_s = torch.empty(b * hq, splits, dtype=torch.float32, device=dev)
+    l_s = torch.empty(b * hq, splits, dtype=torch.float32, device=dev)
+    block_d = _pow2(d, 16)
+    santa_static_partial_kernel[(b * hkv, splits)](
+        q.contiguous(), kc, vc, idx, o_s, m_s, l_s, ncap, n_list, g, d, chunk, splits, scale * LOG2E,
+        BLOCK_G=_pow2(g, 16), BLOCK_N=STATIC_BLOCK_N, BLOCK_D=block_d, UPCAST=upcast, DOT_PRECISION=precision,
+        num_warps=4)
+    return _StaticPartials(splits, (o_s, m_s, l_s, splits))
+
+
+def _static_only(q, q_score, k_cache, v_cache, idx, scale, return_counts, n_keys) -> StepResult:
+    """A step whose attended keys are all static: exact attention over them (the flash merge
+    with no tile), no draws."""
+    b, hq, d = q.shape
+    dev = q.device
+    interp = _interpreting() or dev.type != "cuda"
+    precision = "ieee" if interp or q.dtype == torch.float32 else "tf32"
+    sp = _static_partials(q_score, k_cache.contiguous(), v_cache.contiguous(), idx, scale, interp, precision,
+                          interp)
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
+    dummy = _dummy(dev, torch.float32)
+    santa_flash_merge_kernel[(b * hq,)](dummy, dummy, dummy, out, 0, d, *sp.args, BLOCK_T=1, BLOCK_D=_pow2(d, 16),
+                                        HAS_STATIC=True)
+    counts = torch.zeros(b, hq, n_keys, dtype=torch.int64, device=dev) if return_counts else None
+    return StepResult(out, counts, torch.empty(b, hq, 0, device=dev))
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -276,14 +379,14 @@ _PLANS_MAX = 64
 
 
 def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, has_mask, return_counts, interp,
-               precision, upcast) -> _PropPlan:
+               precision, upcast, compose=False) -> _PropPlan:
     """Everything of a prop step that its shapes and options fix: scratch buffers, grids,
     compile-time arguments and launchers (kept, so a step costs little host time)."""
     stream = _stream(dev)
     knobs = (SCORE_PROGRAMS_PER_SM, SCORE_STAGES, SCORE_WARPS, GATHER_WARPS, GATHER_R, FUSED_BUDGET_TILES,
              BUDGET_CHUNK)
     key = (dev.type, dev.index, stream, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options.n, options.alloc,
-           options.stash, has_mask, return_counts, interp, precision, knobs)
+           options.stash, has_mask, return_counts, interp, precision, knobs, compose)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
@@ -301,15 +404,17 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
         stages, score_warps = SCORE_STAGES, SCORE_WARPS
     scores = _Launch(santa_prop_scores_kernel,
                      dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask, UPCAST=upcast,
-                          DOT_PRECISION=precision, BUDGETS=fused, BLOCK_GB=gblock, BLOCK_T=_pow2(t), STAGES=stages),
+                          DOT_PRECISION=precision, BUDGETS=fused, BLOCK_GB=gblock, BLOCK_T=_pow2(t), STAGES=stages,
+                          COMPOSE=compose),
                      dict(num_warps=score_warps))
     budget = None
     if global_sys and not fused:
         chunk = min(_pow2(t), BUDGET_CHUNK)
-        budget = _Launch(santa_prop_budget_kernel, dict(BLOCK_GB=gblock, BLOCK_T=chunk, ONE_CHUNK=t <= chunk), {})
+        budget = _Launch(santa_prop_budget_kernel, dict(BLOCK_GB=gblock, BLOCK_T=chunk, ONE_CHUNK=t <= chunk,
+                                                        COMPOSE=compose), {})
     gather = _Launch(santa_prop_gather_kernel,
                      dict(BLOCK_G=gblock, BLOCK_N=block_n, BLOCK_D=block_d,
-                          BLOCK_R=GATHER_R or max(2, 32 // gblock), STORE_COUNTS=return_counts),
+                          BLOCK_R=GATHER_R or max(2, 32 // gblock), STORE_COUNTS=return_counts, COMPOSE=compose),
                      dict(num_warps=GATHER_WARPS or max(2, min(16, gblock * block_n // 512))))
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.pop(next(iter(_PLANS)))
@@ -334,6 +439,7 @@ class _PropScratch:
     inv: torch.Tensor
     off: torch.Tensor
     st: torch.Tensor
+    mz: torch.Tensor        # [rows, 2]: the sampled region's (m*, Z) per head (written when composing)
     out32: torch.Tensor     # zero between calls: the gather's last program per KV head re-zeroes its rows
     cnt: torch.Tensor       # [2 B Hkv] arrival counters (scores, gather), zero between calls likewise
 
@@ -358,6 +464,7 @@ def _prop_scratch(dev: torch.device, rows: int, kv_rows: int, t: int, block_n: i
                "m_t": torch.empty(rows * cap, **f32), "l_t": torch.empty(rows * cap, **f32),
                "inv": torch.empty(rows * cap, **f32), "off": torch.empty(rows * cap, **f32),
                "st": torch.empty(rows * cap, dtype=torch.int32, device=dev),
+               "mz": old["mz"] if old is not None else torch.zeros(rows * 2, **f32),
                "out32": old["out32"] if old is not None else torch.zeros(rows * d, **f32),
                "cnt": old["cnt"] if old is not None else torch.zeros(2 * kv_rows, dtype=torch.int32, device=dev)}
         if len(_SCRATCH) >= _SCRATCH_MAX and key not in _SCRATCH:
@@ -366,7 +473,8 @@ def _prop_scratch(dev: torch.device, rows: int, kv_rows: int, t: int, block_n: i
     buf = have[1]
     return _PropScratch(buf["stash"][:rows * t * block_n].view(rows, t * block_n),
                         *(buf[k][:rows * t].view(rows, t) for k in ("m_t", "l_t", "inv", "off")),
-                        buf["st"][:rows * t].view(rows, t), buf["out32"].view(rows, d), buf["cnt"])
+                        buf["st"][:rows * t].view(rows, t), buf["mz"].view(rows, 2), buf["out32"].view(rows, d),
+                        buf["cnt"])
 
 
 _SM_COUNT: dict[str, int] = {}
@@ -400,38 +508,62 @@ def _check_uniforms(u: torch.Tensor, want: tuple[int, ...], what: str) -> None:
         raise KernelError(f"santa_decode: uniforms for {what} must be {want}, got {got}")
 
 
-def _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale) -> StepResult:
+def _torch_step(q, q_score, k_cache, v_cache, n_keys, options, random, mask, uniforms, scale, static_idx=None,
+                n_region=None) -> StepResult:
+    """strategy="torch": the section-2 estimators over the exact softmax of the sampled keys
+    (`mask`); with `static_idx`, merged with exact attention over the listed static slots by
+    their exact row sums (fp32, like the rest of this path)."""
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
     k = k_cache[:, :, :n_keys].to(torch.float32)
     v = v_cache[:, :, :n_keys].to(torch.float32)
     qg = q_score.to(torch.float32).reshape(b, hkv, hq // hkv, d)
-    s = torch.einsum("bhgd,bhkd->bhgk", qg, k) * scale
+    s_all = torch.einsum("bhgd,bhkd->bhgk", qg, k) * scale
+    s = s_all
     if mask is not None:
         s = s.masked_fill(~mask[:n_keys].to(device=s.device, dtype=torch.bool), float("-inf"))
-    p = torch.softmax(s, -1).reshape(b, hq, n_keys)
     want = uniforms_shape(options.method, (b, hq), options.n)
-    u = random.uniform(want, q.device) if uniforms is None else uniforms
-    _check_uniforms(u, want, f"strategy 'torch', method {options.method!r}")
-    c = sample_counts(p, options.n, options.method, u)
-    out = torch.einsum("bhgk,bhkd->bhgd", c.to(torch.float32).reshape(b, hkv, hq // hkv, n_keys), v)
-    return StepResult((out.reshape(b, hq, d) / options.n).to(q.dtype), c, u)
+    if static_idx is not None and n_region == 0:
+        c = torch.zeros(b, hq, n_keys, dtype=torch.int64, device=q.device)
+        out_d = torch.zeros(b, hkv, hq // hkv, d, dtype=torch.float32, device=q.device)
+        u = torch.empty(b, hq, 0, device=q.device)
+    else:
+        p = torch.softmax(s, -1).reshape(b, hq, n_keys)
+        u = random.uniform(want, q.device) if uniforms is None else uniforms
+        _check_uniforms(u, want, f"strategy 'torch', method {options.method!r}")
+        c = sample_counts(p, options.n, options.method, u)
+        out_d = torch.einsum("bhgk,bhkd->bhgd", c.to(torch.float32).reshape(b, hkv, hq // hkv, n_keys), v) / options.n
+    if static_idx is None:
+        return StepResult(out_d.reshape(b, hq, d).to(q.dtype), c, u)
+    sel = static_idx.to(device=q.device, dtype=torch.long)
+    s_st = s_all[..., sel]                                          # [B, Hkv, G, n_static]
+    lse_s = torch.logsumexp(s_st, -1)
+    o_s = torch.einsum("bhgk,bhkd->bhgd", torch.softmax(s_st, -1), v[:, :, sel])
+    if n_region == 0:
+        out = o_s
+    else:
+        w_s = torch.sigmoid(lse_s - torch.logsumexp(s, -1))[..., None]      # Z_s / (Z_s + Z_d)
+        out = w_s * o_s + (1 - w_s) * out_d
+    return StepResult(out.reshape(b, hq, d).to(q.dtype), c, u)
 
 
 class SantaDecoder:
     """One layer's SANTA state for one sequence batch: the KV cache of the attended pattern
     (`cache_ids`: the slot of every position, from the pattern's cache analysis; `attends(pos,
-    slot_pos)`: which cached positions query `pos` attends, None = all of them), the random
-    source, the step counter. The prompt attends exactly (prefill is dense over the pattern, as
-    in the paper); every decode query samples."""
+    slot_pos)`: which cached positions query `pos` attends, None = all of them; `static(pos,
+    slot_pos)`: which of those it attends exactly, None = none), the random source, the step
+    counter. The prompt attends exactly (prefill is dense over the pattern, as in the paper);
+    every decode query samples over its attended non-static keys and merges the estimate with
+    exact attention over its static ones (`santa_decode(static=...)`)."""
 
     def __init__(self, options: SantaOptions, *, max_len: int, cache_size: int, cache_ids: np.ndarray,
                  attends=None, random: SantaRandom | None = None, scale: float | None = None,
-                 prompt_mask=None):
+                 prompt_mask=None, static=None):
         self.options = options
         self.max_len, self.cache_size = max_len, cache_size
         self.cache_ids = np.asarray(cache_ids, dtype=np.int64)
         self.attends = attends
+        self.static = static
         self.prompt_mask = prompt_mask
         self.random = SantaRandom() if random is None else random
         self.scale = scale
@@ -487,8 +619,17 @@ class SantaDecoder:
         ok = used[:n_keys]
         if self.attends is not None:
             ok = ok & np.asarray(self.attends(pos, np.maximum(self.slot_pos[:n_keys], 0)), dtype=bool)
-        mask = None if ok.all() else torch.from_numpy(ok.astype(np.int8)).to(q.device)
-        res = santa_decode(q[:, :, 0], self.k, self.v, n_keys, self.options, self.random, mask=mask,
+        static = None
+        if self.static is not None:
+            st = ok & np.asarray(self.static(pos, np.maximum(self.slot_pos[:n_keys], 0)), dtype=bool)
+            if st.any():
+                static = torch.from_numpy(st.astype(np.int8))
+        # with a static part both masks stay on the host: santa_decode lists the static slots and
+        # forms the sampled region there, with no device sync
+        mask = None if ok.all() else torch.from_numpy(ok.astype(np.int8))
+        if mask is not None and static is None:
+            mask = mask.to(q.device)
+        res = santa_decode(q[:, :, 0], self.k, self.v, n_keys, self.options, self.random, mask=mask, static=static,
                            scale=self.scale, return_counts=self.keep_counts)
         self.last_counts = res.counts
         self.length = pos + 1

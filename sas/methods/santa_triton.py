@@ -22,12 +22,20 @@ The G query heads of a KV head are the rows of one program (padded to BLOCK_G >=
 - **flash** (two launches): `santa_flash_kernel`, grid (B*Hkv, T): scores, (m_t, l_t) and
   S_TILE systematic draws from the tile's own softmax in one pass, partial `sum c V / S_TILE`;
   `santa_flash_merge_kernel` merges the T partials with the exact weights exp2(m_t - m*) l_t.
+- **exact static part** (keys attended exactly beside the sampled ones):
+  `santa_static_partial_kernel`, grid (B*Hkv, P), online softmax over the listed static slots
+  (split-K partials acc, m, l per query head); the sampled keys run as above with the static
+  ones masked out, and the output is `(Z_s O_s + Z_d O_d) / (Z_s + Z_d)`: prop's budget program
+  stores the region's (m*, Z) and its gather's last program per KV head merges
+  (`_merge_static`); flash's merge takes the static partials as extra terms.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from sas.methods.kascade_triton import _attend_listed
 
 
 @triton.jit
@@ -128,12 +136,15 @@ def _budget_pass(m, l, a0, t_ok, carry, n_samples, z, mstar):
 
 
 @triton.jit
-def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, h0, G, T, n_samples,
-                  BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr):
+def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, MZ, h0, G, T, n_samples,
+                  BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                  STORE_MZ: tl.constexpr):
     """alloc="global_sys" budgets of query heads h0 .. h0+G-1 (one uniform a0 each):
     inv_t = S exp2(m_t - m*) / Z, offsets frac(a0 + C_{t-1}), draws per tile. fp32 prefix sums
     over many tiles can lose or gain a draw: the tile with most draws takes the fix. M_T / L_T
-    were written by other programs of this launch: volatile loads (no stale L1 line)."""
+    were written by other programs of this launch: volatile loads (no stale L1 line). With
+    STORE_MZ, (m*, Z) of each head go to MZ [heads, 2] (the sampled region's exact row sum, for
+    the merge with a static part)."""
     rows = tl.arange(0, BLOCK_GB)
     row_ok = rows < G
     hrow = h0 + rows
@@ -147,6 +158,9 @@ def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, h0, G, T, n_samples,
         mstar = tl.max(tl.where(l > 0, m, float("-inf")), axis=1)
         mstar = tl.where(mstar == float("-inf"), 0.0, mstar)
         z = tl.sum(tl.where(l > 0, tl.exp2(m - mstar[:, None]), 0.0) * l, axis=1)
+        if STORE_MZ:
+            tl.store(MZ + hrow * 2, mstar, mask=row_ok)
+            tl.store(MZ + hrow * 2 + 1, z, mask=row_ok)
         z = tl.where(z > 0, z, 1.0)
         inv, off, draws, c_inc = _budget_pass(m, l, a0, t_ok, tl.zeros([BLOCK_GB], tl.float32), n_samples, z,
                                               mstar)
@@ -171,6 +185,9 @@ def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, h0, G, T, n_samples,
             m = tl.load(M_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
             l = tl.load(L_T + base + ts[None, :], mask=t_ok, other=0.0, volatile=True)
             z += tl.sum(tl.where(l > 0, tl.exp2(m - mstar[:, None]), 0.0) * l, axis=1)
+        if STORE_MZ:
+            tl.store(MZ + hrow * 2, mstar, mask=row_ok)
+            tl.store(MZ + hrow * 2 + 1, z, mask=row_ok)
         z = tl.where(z > 0, z, 1.0)
         carry = tl.zeros([BLOCK_GB], tl.float32)
         total = tl.zeros([BLOCK_GB], tl.float32)
@@ -198,17 +215,72 @@ def _prop_budgets(M_T, L_T, U0, INV, OFF, ST, h0, G, T, n_samples,
 
 
 @triton.jit
-def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, CNT, U0, INV, OFF, ST, NCAP, N, G, D, T, TPP,
+def _merge_static(o_d, m_d, l_d, O_S, M_S, L_S, hrow, row_ok, P, D, dims, d_ok):
+    """The composed output of rows `hrow` (query heads): the sampled region's estimate o_d
+    [rows, BLOCK_D] (normalised) with its exact log2-domain max m_d and row sum l_d, merged with
+    the P exact static partials (unnormalised acc, m, l; `santa_static_partial_kernel`) in a
+    common max frame: (Z_d o_d + Z_s O_s) / (Z_d + Z_s)."""
+    live = l_d > 0
+    m_tot = tl.where(live, m_d, float("-inf"))
+    l_tot = tl.where(live, l_d, 0.0)
+    acc = tl.where(live[:, None], o_d * l_d[:, None], 0.0)
+    for s in range(0, P):
+        m = tl.load(M_S + hrow * P + s, mask=row_ok, other=float("-inf"))
+        l = tl.load(L_S + hrow * P + s, mask=row_ok, other=0.0)
+        a = tl.load(O_S + (hrow[:, None].to(tl.int64) * P + s) * D + dims[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        m_new = tl.maximum(m_tot, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_tot - m_safe)
+        beta = tl.exp2(m - m_safe)
+        l_tot = l_tot * alpha + l * beta
+        acc = acc * alpha[:, None] + a * beta[:, None]
+        m_tot = m_new
+    return acc / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
+
+
+@triton.jit
+def santa_static_partial_kernel(Q, K, V, IDX, O_S, M_S, L_S, NCAP, N_LIST, G, D, CHUNK, P, qk_scale_log2,
+                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Exact attention of the G query heads of KV head bh over the static slots listed in IDX
+    [N_LIST] (shared by batch and heads), split p of P taking list entries [p CHUNK, (p+1) CHUNK):
+    unnormalised acc [B*Hq, P, D], log2-domain max and row sum [B*Hq, P] (an empty split leaves
+    m = -inf, l = 0)."""
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_G)
+    row_ok = rows < G
+    hrow = bh * G + rows
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < D
+    q = _load_q(Q, bh, G, D, BLOCK_G, BLOCK_D, UPCAST)
+    kv_base = bh.to(tl.int64) * NCAP * D
+    lo = sp * CHUNK
+    hi = tl.minimum(lo + CHUNK, N_LIST)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i, l_i, acc = _attend_listed(q, K, V, IDX, 0, kv_base, lo, hi, D, dims, dim_ok, m_i, l_i, acc, qk_scale_log2,
+                                   BLOCK_N, DOT_PRECISION, UPCAST)
+    tl.store(O_S + (hrow[:, None].to(tl.int64) * P + sp) * D + dims[None, :], acc,
+             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(M_S + hrow * P + sp, m_i, mask=row_ok)
+    tl.store(L_S + hrow * P + sp, l_i, mask=row_ok)
+
+
+@triton.jit
+def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, CNT, U0, INV, OFF, ST, MZ, NCAP, N, G, D, T, TPP,
                              qk_scale_log2, n_samples,
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                              HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                              BUDGETS: tl.constexpr, BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr,
-                             STAGES: tl.constexpr):
+                             STAGES: tl.constexpr, COMPOSE: tl.constexpr):
     """Grid (B*Hkv, P): program p streams tiles [p TPP, (p+1) TPP) of its KV head (K loads
     software-pipelined STAGES deep): scores, (m_t, l_t) and the stash of each tile. With BUDGETS
     (alloc="global_sys", T <= BLOCK_T) the last program of a KV head to finish (an atomic
     counter per KV head, reset to 0 by that program) computes the tile budgets of its G query
-    heads."""
+    heads (and, with COMPOSE, stores their (m*, Z) in MZ)."""
     bh = tl.program_id(0)
     p = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
@@ -231,28 +303,32 @@ def santa_prop_scores_kernel(Q, K, MASK, STASH, M_T, L_T, CNT, U0, INV, OFF, ST,
         tl.debug_barrier()                   # every thread's (m_t, l_t) stores before the release
         done = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
         if done == tl.num_programs(1) - 1:
-            _prop_budgets(M_T, L_T, U0, INV, OFF, ST, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, True)
+            _prop_budgets(M_T, L_T, U0, INV, OFF, ST, MZ, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, True, COMPOSE)
             tl.atomic_xchg(CNT + bh, 0)
 
 
 @triton.jit
-def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, G, T, n_samples,
-                             BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr):
+def santa_prop_budget_kernel(M_T, L_T, U0, INV, OFF, ST, MZ, G, T, n_samples,
+                             BLOCK_GB: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                             COMPOSE: tl.constexpr):
     """The global_sys budgets of one KV head's G query heads as a launch of its own: for more
     tiles than the scores kernel's last program takes (T chunks of BLOCK_T)."""
     bh = tl.program_id(0)
-    _prop_budgets(M_T, L_T, U0, INV, OFF, ST, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, ONE_CHUNK)
+    _prop_budgets(M_T, L_T, U0, INV, OFF, ST, MZ, bh * G, G, T, n_samples, BLOCK_GB, BLOCK_T, ONE_CHUNK, COMPOSE)
 
 
 @triton.jit
 def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NCAP, N, G, D, T, inv_samples,
+                             MZ, O_S, M_S, L_S, P,
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_R: tl.constexpr, STORE_COUNTS: tl.constexpr):
+                             BLOCK_R: tl.constexpr, STORE_COUNTS: tl.constexpr, COMPOSE: tl.constexpr):
     """Counts of tile t for the G heads (rows, BLOCK_G = next power of two >= G) from the stash;
     the union of the drawn keys is compacted BLOCK_R at a time (their V rows are the only ones
     loaded), sum c V / S is added atomically into the fp32 rows OUT32; the last program of a KV
     head to finish (atomic counter CNT, reset by it) writes those rows to OUT in its dtype and
-    zeroes them for the next call."""
+    zeroes them for the next call. With COMPOSE that last program merges the estimate, weighted
+    by the region's exact row sum (MZ, from the budgets), with the P exact static partials
+    (O_S, M_S, L_S of `santa_static_partial_kernel`) before writing."""
     bh = tl.program_id(0)
     t = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
@@ -295,6 +371,10 @@ def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NC
         fin = row_ok[:, None] & d_ok[None, :]
         at = hrow[:, None] * D + dims[None, :]
         o = tl.load(OUT32 + at, mask=fin, other=0.0, volatile=True)     # the adds of every program (acquired)
+        if COMPOSE:
+            m_d = tl.load(MZ + hrow * 2, mask=row_ok, other=float("-inf"))
+            l_d = tl.load(MZ + hrow * 2 + 1, mask=row_ok, other=0.0)
+            o = _merge_static(o, m_d, l_d, O_S, M_S, L_S, hrow, row_ok, P, D, dims, d_ok)
         tl.store(OUT + at, o.to(OUT.dtype.element_ty), mask=fin)
         tl.store(OUT32 + at, tl.zeros([BLOCK_G, BLOCK_D], tl.float32), mask=fin)
         tl.atomic_xchg(CNT + bh, 0)
@@ -332,12 +412,19 @@ def santa_flash_kernel(Q, K, V, MASK, U, O_PART, M_PART, L_PART, COUNTS, NCAP, N
 
 
 @triton.jit
-def santa_flash_merge_kernel(O_PART, M_PART, L_PART, OUT, T, D,
-                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One query head: out = sum_t exp2(m_t - m*) l_t O_t / sum_t exp2(m_t - m*) l_t."""
+def santa_flash_merge_kernel(O_PART, M_PART, L_PART, OUT, T, D, O_S, M_S, L_S, P,
+                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, HAS_STATIC: tl.constexpr):
+    """One query head: out = sum_t exp2(m_t - m*) l_t O_t / sum_t exp2(m_t - m*) l_t; with
+    HAS_STATIC the P exact static partials (unnormalised acc, m, l) join the sum with their own
+    weights exp2(m_s - m*) (T may then be 0: a step with no sampled key)."""
     h = tl.program_id(0)
     dims = tl.arange(0, BLOCK_D)
     mstar = tl.full([], float("-inf"), tl.float32)
+    if HAS_STATIC:
+        for s in range(0, P):
+            m_s = tl.load(M_S + h * P + s)
+            l_s = tl.load(L_S + h * P + s)
+            mstar = tl.maximum(mstar, tl.where(l_s > 0, m_s, float("-inf")))
     for t0 in range(0, T, BLOCK_T):
         ts = t0 + tl.arange(0, BLOCK_T)
         m = tl.load(M_PART + h * T + ts, mask=ts < T, other=0.0)
@@ -355,9 +442,17 @@ def santa_flash_merge_kernel(O_PART, M_PART, L_PART, OUT, T, D,
                     mask=t_ok[:, None] & (dims[None, :] < D), other=0.0)
         z += tl.sum(w, axis=0)
         acc += tl.sum(w[:, None] * o, axis=0)
+    if HAS_STATIC:
+        for s in range(0, P):
+            m_s = tl.load(M_S + h * P + s)
+            l_s = tl.load(L_S + h * P + s)
+            w_s = tl.where(l_s > 0, tl.exp2(m_s - mstar), 0.0)
+            a = tl.load(O_S + (h.to(tl.int64) * P + s) * D + dims, mask=dims < D, other=0.0)
+            z += w_s * l_s
+            acc += w_s * a
     out = acc / tl.where(z > 0, z, 1.0)
     tl.store(OUT + h * D + dims, out.to(OUT.dtype.element_ty), mask=dims < D)
 
 
 __all__ = ["santa_flash_kernel", "santa_flash_merge_kernel", "santa_prop_budget_kernel",
-           "santa_prop_gather_kernel", "santa_prop_scores_kernel"]
+           "santa_prop_gather_kernel", "santa_prop_scores_kernel", "santa_static_partial_kernel"]
