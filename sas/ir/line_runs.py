@@ -222,9 +222,10 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Not):
         return _complement(_runs(p.a, axis, fixed, lo, hi, ctx), lo, hi)
     if isinstance(p, And):
-        # Each term only inside the runs of the terms before it (finest terms last): the
-        # intermediate runs never outnumber the coarsest term's.
-        terms = sorted(p.terms, key=_fineness)
+        # Each term only inside the runs of the terms before it (primitives of one run per
+        # line first, finest terms last): the intermediate runs never outnumber the coarsest
+        # term's, and a band (`Causal()`) bounds the range of everything after it.
+        terms = sorted(p.terms, key=lambda t: (not _single_run(t), _fineness(t)))
         acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
         for t in terms[1:]:
             if len(acc) == 0:
@@ -247,6 +248,11 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Spread):
         return _spread(p, axis, fixed, lo, hi, ctx)
     raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
+
+
+def _single_run(p: Pattern) -> bool:
+    """A primitive with at most one run on every line (an unstrided Diag or Rect)."""
+    return (isinstance(p, Diag) and p.stride == 1) or (isinstance(p, Rect) and p.stride == (1, 1))
 
 
 def _fineness(p: Pattern) -> int:
