@@ -60,14 +60,15 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: the search's steps: (rows first, cell by cell past their limit, all rows of the columns
 #: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
-#: allowed on top of those); limits of 0 or 1 make those steps fail (or pass only when nothing
-#: or almost nothing is attended)
+#: allowed on top of those, growth of the windows, terms of a sum searched apart); limits of 0
+#: or 1 make those steps fail (or pass only when nothing or almost nothing is attended)
 SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
-                         st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]))
+                         st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
+                         st.booleans())
 
 
 def _last_use_with(q, n: int, steps) -> np.ndarray:
-    rows_first, dense, whole_first, per_key, per_column, runs_min = steps
+    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute = steps
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(per_token, "CHUNK", 7)
         mp.setattr(per_token, "FIRST_WINDOW", (2, 3, 60)[n % 3])      # 60: two passes of row bits
@@ -78,6 +79,8 @@ def _last_use_with(q, n: int, steps) -> np.ndarray:
         mp.setattr(per_token, "ROW_RUNS_PER_KEY", per_key)
         mp.setattr(per_token, "WHOLE_RUNS_PER_COLUMN", per_column)
         mp.setattr(per_token, "WHOLE_RUNS_MIN", runs_min)
+        mp.setattr(per_token, "GROWTH", growth)
+        mp.setattr(per_token, "DISTRIBUTE", distribute)
         return per_token.last_use(q, n)
 
 
@@ -199,3 +202,20 @@ def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
     with pytest.raises(AnalysisError, match=r"more than 10 runs .*runs limit"):
         per_token.last_use(DRIFTING[1], 4096)
+
+
+@pytest.mark.parametrize("stride", [64, 1024])
+def test_a_drifting_spread_plus_a_long_stride(stride: int) -> None:
+    # columns attended all along by a stride too long for the last rows and too fine for
+    # reading whole columns: the sum is searched term by term (default steps, and windows only)
+    p = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Diag(0, None, stride=stride)) * Causal()
+    n = 4096
+    q = p.restrict(n)
+    want = brute_last_use(q.to_mask(n))
+    np.testing.assert_array_equal(per_token.last_use(q, n), want)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "WHOLE_RUNS_PER_COLUMN", 0)
+        mp.setattr(per_token, "WHOLE_RUNS_MIN", 0)
+        mp.setattr(per_token, "ROW_RUNS_PER_KEY", 0)
+        mp.setattr(per_token, "DENSE_LAST_ROWS", False)
+        np.testing.assert_array_equal(per_token.last_use(q, n), want)

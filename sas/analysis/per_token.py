@@ -9,15 +9,20 @@ here from the runs of attended cells along the columns, derived from the pattern
 
 - last use, in three steps that each read a line's runs about once:
   1. the last `W` rows (`W = FIRST_WINDOW`) along the rows, all keys at once, when they hold
-     few runs (about `n / 2`): every key attended near the end of the sequence gets its last
-     use there (a column attended all along by a stride, say) for the cost of those runs;
+     few runs (about `n / 2`; cell by cell when they hold more): every key attended near the
+     end of the sequence gets its last use there (a column attended all along by a short
+     stride, say);
   2. the columns left over all their rows at once, when those hold few runs (about 8 a
      column): columns attended only near their key, or not at all (an empty pattern is
      one such pass over its columns);
-  3. where a step passes its limit, the columns left by windows going back from the end,
-     `[n - 2W, n - W)` after `[n - W, n)` and so on (doubling), until a window holds a run
-     (its end is the last use) or reaches the diagonal (the key is never attended), with
-     step 2 tried again on the columns left after each window that resolved some;
+  3. the columns still left by windows going back from the end, `[n - 5W, n - W)` after
+     `[n - W, n)` and so on (each `GROWTH` times the last), until a window holds a run (its
+     end is the last use) or reaches the diagonal (the key is never attended), with step 2
+     tried again on the columns left after each window that resolved some.
+  A sum (or a product with a sum among its factors, `(a + b) * c = a * c + b * c`) takes
+  steps 1 and 2 as a whole, then searches the keys they leave term by term, the simplest
+  first, each term only in the rows above the last use found so far: a term that needs
+  windows (a long stride) does not make the search of the others go by windows too.
 - causality: the runs of each column above the diagonal (rows `0 <= i < j`), which must be
   empty (a product with `Causal()` is bounded by it first: no run is built there).
 
@@ -35,7 +40,7 @@ import numpy as np
 
 from sas.errors import AnalysisError
 from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
-from sas.lang.pattern import Pattern
+from sas.lang.pattern import And, Or, Pattern
 
 _I64 = np.int64
 #: Columns read per call of `line_runs`.
@@ -61,6 +66,10 @@ DENSE_COLUMNS = 1 << 15
 WHOLE_RUNS_PER_COLUMN = 8
 WHOLE_RUNS_MIN = 1 << 16
 WHOLE_FIRST = True
+#: Step 3: each window is this many times as tall as the one before.
+GROWTH = 4
+#: Search the terms of a sum apart for the keys that steps 1 and 2 leave.
+DISTRIBUTE = True
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -85,22 +94,26 @@ def _record(out: np.ndarray, cols: np.ndarray, r: Runs) -> np.ndarray:
     return has
 
 
-def _whole(pattern: Pattern, todo: np.ndarray, hi: int) -> Runs | None:
-    """Step 2: the runs of the columns `todo` over all their rows [j, hi) when they number at
-    most about `WHOLE_RUNS_PER_COLUMN` per column (None past that: on by windows)."""
+def _whole(pattern: Pattern, todo: np.ndarray, lo: np.ndarray, hi: int) -> Runs | None:
+    """Step 2: the runs of the columns `todo` over all their rows left, [lo, hi), when they
+    number at most about `WHOLE_RUNS_PER_COLUMN` per column (None past that: on by windows)."""
     try:
-        return line_runs(pattern, COLUMN, todo, todo, np.full(len(todo), hi, dtype=_I64),
+        return line_runs(pattern, COLUMN, todo, lo, np.full(len(todo), hi, dtype=_I64),
                          limit=WHOLE_RUNS_PER_COLUMN * len(todo) + WHOLE_RUNS_MIN)
     except AnalysisError:
         return None
 
 
-def _last_rows(pattern: Pattern, n: int, out: np.ndarray, count: Callable[[int], None]) -> int | None:
-    """Step 1: the last uses within the last `FIRST_WINDOW` rows, read along those rows (all
-    keys at once) when they hold few runs: sets `out[j]` for the keys they attend and returns
-    the first of those rows (None, nothing set, past the limit)."""
-    top = max(0, n - FIRST_WINDOW)
-    rows = np.arange(top, n, dtype=_I64)
+def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
+               count: Callable[[int], None]) -> tuple[int, np.ndarray] | None:
+    """Step 1: the last uses within the last `FIRST_WINDOW` rows below `end`, read along those
+    rows (all keys at once) when they hold few runs: raises `out[j]` to the last of those rows
+    attending key j; returns the first of those rows and which keys they attend (None past
+    the limit)."""
+    n = len(out)
+    top = max(0, end - FIRST_WINDOW)
+    rows = np.arange(top, end, dtype=_I64)
+    hit = np.zeros(n, dtype=bool)
     try:
         r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
                       limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
@@ -110,12 +123,14 @@ def _last_rows(pattern: Pattern, n: int, out: np.ndarray, count: Callable[[int],
         # many runs in those rows: cell by cell is cheaper than the run algebra
         cells = pattern._index_safe
         i = rows[:, None]
-        for c0 in range(0, n, DENSE_COLUMNS):
-            j = np.arange(c0, min(n, c0 + DENSE_COLUMNS), dtype=_I64)
+        for c0 in range(0, end, DENSE_COLUMNS):
+            j = np.arange(c0, min(end, c0 + DENSE_COLUMNS), dtype=_I64)
             on = np.asarray(cells.evaluate(i, j[None, :]), dtype=bool) & (i >= j[None, :])
             has = on.any(axis=0)
-            out[j[has]] = rows[len(rows) - 1 - np.argmax(on[::-1], axis=0)][has]
-        return top
+            k = j[has]
+            out[k] = np.maximum(out[k], rows[len(rows) - 1 - np.argmax(on[::-1], axis=0)][has])
+            hit[k] = True
+        return top, hit
     count(len(r))
     # The runs of one row are disjoint: summing 2^k over the runs of row k that cover a key
     # gives the set of rows attending it as bits, exactly in float64 for up to 52 rows a pass;
@@ -129,14 +144,27 @@ def _last_rows(pattern: Pattern, n: int, out: np.ndarray, count: Callable[[int],
         bit = np.ldexp(1.0, (r.line[a:b] - g0).astype(np.int32))
         rows_on = np.cumsum((np.bincount(r.start[a:b], bit, minlength=n + 1)
                              - np.bincount(r.stop[a:b], bit, minlength=n + 1))[:n])
-        new = (rows_on > 0) & (out < 0)
-        out[new] = rows[g0 + np.frexp(rows_on[new])[1] - 1]
-    return top
+        k = np.flatnonzero((rows_on > 0) & ~hit)
+        out[k] = np.maximum(out[k], rows[g0 + np.frexp(rows_on[k])[1] - 1])
+        hit[k] = True
+    return top, hit
+
+
+def _sum_terms(p: Pattern) -> list[Pattern]:
+    """Patterns whose union is p: the terms of a sum, or of a product with one sum among its
+    factors distributed over it (`(a + b) * c = a * c + b * c`); else p itself."""
+    if isinstance(p, Or):
+        return list(p.terms)
+    if isinstance(p, And):
+        sums = [t for t in p.terms if isinstance(t, Or)]
+        if len(sums) == 1:
+            rest = [t for t in p.terms if t is not sums[0]]
+            return [And(t, *rest) for t in sums[0].terms]
+    return [p]
 
 
 def last_use(pattern: Pattern, n: int) -> np.ndarray:
     """Last query i < n attending each key j < n (int64, -1 when none does), exactly."""
-    out = np.full(n, -1, dtype=_I64)
     read = 0
 
     def count(k: int) -> None:
@@ -148,43 +176,70 @@ def last_use(pattern: Pattern, n: int) -> np.ndarray:
                 f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
                 f"columns are attended all along by a fine stride); give a smaller max_len")
 
-    # the last rows along the rows when they hold few runs (then the columns left start below)
-    top = _last_rows(pattern, n, out, count) if ROWS_FIRST else None
+    out = np.full(n, -1, dtype=_I64)
+    base = np.arange(n, dtype=_I64)
+    terms = _sum_terms(pattern) if DISTRIBUTE else [pattern]
+    if len(terms) == 1:
+        _search(pattern, n, count, out, base, windows=True)
+        return out
+    # Steps 1 and 2 on the whole pattern; the keys they leave (attended all along by a long
+    # stride, say) by every term of the sum, each searched by windows only where it can still
+    # raise a key's last use: a term that needs windows does not slow the others down.
+    end = _search(pattern, n, count, out, base, windows=False)
+    for t in sorted(terms, key=lambda t: sum(1 for _ in t.walk())):      # the simplest first
+        _search(t, end, count, out, np.maximum(base, out + 1), windows=True)
+    return out
+
+
+def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.ndarray, base: np.ndarray,
+            windows: bool) -> int:
+    """Raise out[j] to the last row i in [base[j], end) where `pattern` attends key j (the
+    three steps of the module doc; `windows=False`: steps 1 and 2 only). Sets base[j] past
+    every row for the keys it settles; returns the end of the rows left to search."""
+    n = len(out)
+    width = FIRST_WINDOW
+    if ROWS_FIRST and bool((base < end).any()):
+        # the last rows along the rows when they hold few runs (then the columns left start below)
+        got = _last_rows(pattern, end, out, count)
+        if got is not None:
+            end, hit = got
+            base[hit] = n
+            width = GROWTH * FIRST_WINDOW
     whole_first = WHOLE_FIRST
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
-        hi, width = n, FIRST_WINDOW
-        if top is not None:
-            todo = todo[out[todo] < 0]
-            hi, width = top, 2 * FIRST_WINDOW
+        hi, w = end, width
         failed = len(todo) + 1              # columns of the last attempt at all rows that failed
         first = True
         while True:
-            todo = todo[todo < hi]               # keys at or past the window's end: never attended later
+            todo = todo[base[todo] < hi]         # no row left to search below the window's end
             if not len(todo):
                 break
             if len(todo) < failed and (whole_first or not first):
                 # all the rows of the columns left at once, when they hold few runs (columns
                 # attended only near their key, or not at all), else on by windows
-                r = _whole(pattern, todo, hi)
+                r = _whole(pattern, todo, base[todo], hi)
                 if first:
                     whole_first = r is not None
                 if r is not None:
                     count(len(r))
                     _record(out, todo, r)
+                    base[todo] = n
                     break
                 failed = len(todo)
+            if not windows:
+                break
             first = False
-            lo = np.maximum(todo, hi - width)
+            lo = np.maximum(base[todo], hi - w)
             found = np.zeros(len(todo), dtype=bool)
             pos = 0
             for cols, r in _runs(pattern, todo, lo, np.full(len(todo), hi, dtype=_I64)):
                 count(len(r))
                 found[pos:pos + len(cols)] = _record(out, cols, r)
                 pos += len(cols)
-            todo = todo[~found & (lo > todo)]
-            hi, width = hi - width, 2 * width
-    return out
+            todo = todo[~found & (lo > base[todo])]
+            hi, w = hi - w, GROWTH * w
+    return end
 
 
 def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
@@ -197,5 +252,6 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
     return None
 
 
-__all__ = ["CHUNK", "CHUNK_RUNS", "FIRST_WINDOW", "ROWS_FIRST", "ROW_RUNS_PER_KEY", "TOTAL_RUNS", "WHOLE_FIRST",
-           "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell"]
+__all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH",
+           "ROWS_FIRST", "ROW_RUNS_PER_KEY", "TOTAL_RUNS", "WHOLE_FIRST", "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN",
+           "last_use", "non_causal_cell"]
