@@ -60,15 +60,16 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: the search's steps: (rows first, cell by cell past their limit, all rows of the columns
 #: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
-#: allowed on top of those, growth of the windows, terms of a sum searched apart); limits of 0
-#: or 1 make those steps fail (or pass only when nothing or almost nothing is attended)
+#: allowed on top of those, growth of the windows, terms of a sum searched apart, windows of
+#: rows and the cells they may hold per key); limits of 0 or 1 make those steps fail (or pass
+#: only when nothing or almost nothing is attended)
 SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
                          st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
-                         st.booleans())
+                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 100]))
 
 
 def _last_use_with(q, n: int, steps) -> np.ndarray:
-    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute = steps
+    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, cells = steps
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(per_token, "CHUNK", 7)
         mp.setattr(per_token, "FIRST_WINDOW", (2, 3, 60)[n % 3])      # 60: two passes of row bits
@@ -81,6 +82,8 @@ def _last_use_with(q, n: int, steps) -> np.ndarray:
         mp.setattr(per_token, "WHOLE_RUNS_MIN", runs_min)
         mp.setattr(per_token, "GROWTH", growth)
         mp.setattr(per_token, "DISTRIBUTE", distribute)
+        mp.setattr(per_token, "ROW_WINDOWS", row_windows)
+        mp.setattr(per_token, "ROW_CELLS_PER_KEY", cells)
         return per_token.last_use(q, n)
 
 
@@ -107,9 +110,11 @@ def test_last_use_equals_the_mask_on_any_composition(p, n: int, steps) -> None:
 # that every column searched back to its key, and one whose causality check built O(n^2) runs
 SLOW_BEFORE = [
     ((Rect(rows=(0, 4), cols=(0, 1)) >> Diag(3, None))
-     * ((Rect(rows=(2, 3), cols=(None, 3), stride=(2, 1), offset=(1, 0)) >> Rect(rows=(0, 2), cols=(0, 7), stride=(2, 2)))
+     * ((Rect(rows=(2, 3), cols=(None, 3), stride=(2, 1), offset=(1, 0))
+         >> Rect(rows=(0, 2), cols=(0, 7), stride=(2, 2)))
         + (Rect(rows=(0, 4), cols=(0, 2)) >> ~Dynamic(7))) * Causal()),
-    ((Rect(rows=(0, 1), cols=(0, 1)) >> (Rect(rows=(0, 2), cols=(0, 2)) * Rect(rows=(0, 1), cols=(0, 5), stride=(3, 3))))
+    ((Rect(rows=(0, 1), cols=(0, 1))
+      >> (Rect(rows=(0, 2), cols=(0, 2)) * Rect(rows=(0, 1), cols=(0, 5), stride=(3, 3))))
      >> Diag(-5, 1, stride=2)) * Causal(),
     (Rect(rows=(0, 3), cols=(0, 1)) >> (Diag(4, 3) * Causal())) * Causal(),
     ((Rect(rows=(0, 2), cols=(0, 4)) * Causal()) >> Diag(1, None)) * Causal(),
@@ -218,4 +223,7 @@ def test_a_drifting_spread_plus_a_long_stride(stride: int) -> None:
         mp.setattr(per_token, "WHOLE_RUNS_MIN", 0)
         mp.setattr(per_token, "ROW_RUNS_PER_KEY", 0)
         mp.setattr(per_token, "DENSE_LAST_ROWS", False)
+        np.testing.assert_array_equal(per_token.last_use(q, n), want)
+        mp.setattr(per_token, "ROW_RUNS_PER_KEY", 4)
+        mp.setattr(per_token, "DISTRIBUTE", False)      # windows of rows
         np.testing.assert_array_equal(per_token.last_use(q, n), want)

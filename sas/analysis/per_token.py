@@ -15,10 +15,13 @@ here from the runs of attended cells along the columns, derived from the pattern
   2. the columns left over all their rows at once, when those hold few runs (about 8 a
      column): columns attended only near their key, or not at all (an empty pattern is
      one such pass over its columns);
-  3. the columns still left by windows going back from the end, `[n - 5W, n - W)` after
-     `[n - W, n)` and so on (each `GROWTH` times the last), until a window holds a run (its
-     end is the last use) or reaches the diagonal (the key is never attended), with step 2
-     tried again on the columns left after each window that resolved some.
+  3. the keys still left by windows going back from the end, `[n - 5W, n - W)` after
+     `[n - W, n)` and so on (each `GROWTH` times the last): first along the rows, all keys
+     at once, while the windows hold few runs of few cells (`ROW_CELLS_PER_KEY * n` cells in
+     all: columns attended all along by a long stride are resolved in O(n) cells), then along
+     the columns left, until a window holds a run (its end is the last use) or reaches the
+     diagonal (the key is never attended), with step 2 tried again on the columns left after
+     each window that resolved some.
   A sum (or a product with a sum among its factors, `(a + b) * c = a * c + b * c`) takes
   steps 1 and 2 as a whole, then searches the keys they leave term by term, the simplest
   first, each term only in the rows above the last use found so far: a term that needs
@@ -26,8 +29,8 @@ here from the runs of attended cells along the columns, derived from the pattern
 - causality: the runs of each column above the diagonal (rows `0 <= i < j`), which must be
   empty (a product with `Causal()` is bounded by it first: no run is built there).
 
-Memory is O(chunk + n): the `n` last uses and the runs of one chunk (in step 1, of the last
-rows: at most `CHUNK_RUNS`). A window whose runs pass `CHUNK_RUNS` is split in halves (a
+Memory is O(chunk + n): the `n` last uses and the runs of one chunk (along rows: at most
+`CHUNK_RUNS` runs and `ROW_CELLS_PER_KEY * n` cells). A window whose runs pass `CHUNK_RUNS` is split in halves (a
 single column past it raises `AnalysisError`); past `TOTAL_RUNS` runs read in all the search
 stops with an `AnalysisError` naming the numbers.
 """
@@ -70,6 +73,10 @@ WHOLE_FIRST = True
 GROWTH = 4
 #: Search the terms of a sum apart for the keys that steps 1 and 2 leave.
 DISTRIBUTE = True
+#: Step 3 along the rows first, while its windows hold few runs (`ROW_RUNS_PER_KEY`) and at
+#: most `ROW_CELLS_PER_KEY * n` cells in all.
+ROW_WINDOWS = True
+ROW_CELLS_PER_KEY = 2
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -150,6 +157,40 @@ def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
     return top, hit
 
 
+def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: np.ndarray,
+                 count: Callable[[int], None]) -> tuple[int, int]:
+    """Windows of rows going back from `end` (each `GROWTH` times the last), read along the
+    rows while they hold few runs of few cells in all (`ROW_RUNS_PER_KEY`, `ROW_CELLS_PER_KEY`
+    times n): every key they attend (above its `base`) is settled. Returns the end and width
+    of the next window (for the columns)."""
+    n = len(out)
+    cells_left = int(ROW_CELLS_PER_KEY * n)
+    while end > 0 and bool((base < end).any()):
+        top = max(0, end - width)
+        rows = np.arange(top, end, dtype=_I64)
+        try:
+            r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
+                          limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
+        except AnalysisError:
+            break
+        length = r.stop - r.start
+        total = int(length.sum())
+        if total > cells_left:
+            break
+        cells_left -= total
+        count(len(r))
+        if total:
+            run = np.repeat(np.arange(len(r), dtype=_I64), length)
+            key = r.start[run] + np.arange(total, dtype=_I64) - (np.cumsum(length) - length)[run]
+            row = rows[r.line[run]]
+            left = base[key] < end                      # keys not settled yet
+            key, row = key[left], row[left]
+            np.maximum.at(out, key, row)
+            base[key] = n
+        end, width = top, GROWTH * width
+    return end, width
+
+
 def _sum_terms(p: Pattern) -> list[Pattern]:
     """Patterns whose union is p: the terms of a sum, or of a product with one sum among its
     factors distributed over it (`(a + b) * c = a * c + b * c`); else p itself."""
@@ -205,6 +246,7 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
             end, hit = got
             base[hit] = n
             width = GROWTH * FIRST_WINDOW
+    rowed = not (windows and ROW_WINDOWS and width > FIRST_WINDOW)   # row windows: once, if step 1 read rows
     whole_first = WHOLE_FIRST
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
@@ -229,6 +271,12 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
                 failed = len(todo)
             if not windows:
                 break
+            if not rowed:
+                # before the first window of columns: windows of rows for all the keys left
+                rowed = True
+                end, width = _row_windows(pattern, end, width, out, base, count)
+                hi, w = end, width
+                continue
             first = False
             lo = np.maximum(base[todo], hi - w)
             found = np.zeros(len(todo), dtype=bool)
@@ -253,5 +301,5 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
 
 
 __all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH",
-           "ROWS_FIRST", "ROW_RUNS_PER_KEY", "TOTAL_RUNS", "WHOLE_FIRST", "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN",
-           "last_use", "non_causal_cell"]
+           "ROWS_FIRST", "ROW_CELLS_PER_KEY", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
+           "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell"]
