@@ -170,3 +170,19 @@ def test_a_band_of_2_40_tokens_is_one_run_per_column() -> None:
     split = plan_dynamic(Diag(0, 2**40) * Causal() + Diag(2**40, None) * Causal() * Dynamic(4))
     assert split.columns.n_runs == split.columns.n_shapes == 1
     assert split.columns.first_used[0] == 2**40 and split.region_last_use(np.array([7]))[0] == FOREVER
+
+
+def test_a_product_is_bounded_by_its_band_first() -> None:
+    # A drifting spread whose columns hold O(n) runs above the diagonal, times Causal(): the
+    # band is read first, so the rows above the diagonal build no run at all (the spread first
+    # built ~n^2 / 16 runs there: the causality check took 25 s at n = 65536).
+    p = (((Rect(rows=(0, 2), cols=(0, 4)) * Causal()) >> Diag(1, None)) * Causal())
+    n = 1 << 16
+    j = np.arange(n, dtype=np.int64)
+    with run_algebra_only():
+        assert len(line_runs(p, COLUMN, j, np.zeros(n, dtype=np.int64), j, limit=0)) == 0
+    small = 64
+    js = np.arange(small, dtype=np.int64)
+    with run_algebra_only():
+        below = line_runs(p, COLUMN, js, js, np.full(small, small, dtype=np.int64))
+    assert np.array_equal(_dense(below, small, small).T, np.tril(p.to_mask(small)))

@@ -13,11 +13,12 @@ import pytest
 from analysis_checks import brute_cache_size, brute_last_use, decode_with_functions
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from strategies import diags, patterns, spread_units
+from strategies import causal_patterns, diags, patterns, spread_units
 
-from sas import Causal, Diag, Rect, analyze
+from sas import Causal, Diag, Dynamic, Rect, analyze
 from sas.analysis import per_token
 from sas.errors import AnalysisError, KernelError
+from sas.ir.line_runs import COLUMN, line_runs
 from sas.ir.periodicity import structure
 
 ANALYZE = sys.modules["sas.analysis.analyze"]
@@ -57,17 +58,90 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(per_token, "FIRST_WINDOW", 2)
 
 
-@settings(max_examples=60, deadline=None)
-@given(drifting().map(lambda p: p * Causal()), st.integers(1, 90))
-def test_last_use_equals_the_mask(p, n: int) -> None:
-    assume(not structure(p).periodic)
-    q = p.restrict(n)
+#: the search's steps: (rows first, cell by cell past their limit, all rows of the columns
+#: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
+#: allowed on top of those, growth of the windows, terms of a sum searched apart, windows of
+#: rows and the cells they may hold per key); limits of 0 or 1 make those steps fail (or pass
+#: only when nothing or almost nothing is attended)
+SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
+                         st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
+                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 100]))
+
+
+def _last_use_with(q, n: int, steps) -> np.ndarray:
+    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, cells = steps
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(per_token, "CHUNK", 7)
-        mp.setattr(per_token, "FIRST_WINDOW", 2)
-        got = per_token.last_use(q, n)
+        mp.setattr(per_token, "FIRST_WINDOW", (2, 3, 60)[n % 3])      # 60: two passes of row bits
+        mp.setattr(per_token, "DENSE_COLUMNS", 5)
+        mp.setattr(per_token, "ROWS_FIRST", rows_first)
+        mp.setattr(per_token, "DENSE_LAST_ROWS", dense)
+        mp.setattr(per_token, "WHOLE_FIRST", whole_first)
+        mp.setattr(per_token, "ROW_RUNS_PER_KEY", per_key)
+        mp.setattr(per_token, "WHOLE_RUNS_PER_COLUMN", per_column)
+        mp.setattr(per_token, "WHOLE_RUNS_MIN", runs_min)
+        mp.setattr(per_token, "GROWTH", growth)
+        mp.setattr(per_token, "DISTRIBUTE", distribute)
+        mp.setattr(per_token, "ROW_WINDOWS", row_windows)
+        mp.setattr(per_token, "ROW_CELLS_PER_KEY", cells)
+        return per_token.last_use(q, n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(drifting().map(lambda p: p * Causal()), st.integers(1, 90), SEARCH_STEPS)
+def test_last_use_equals_the_mask(p, n: int, steps) -> None:
+    assume(not structure(p).periodic)
+    q = p.restrict(n)
+    got = _last_use_with(q, n, steps)
     np.testing.assert_array_equal(got, brute_last_use(q.to_mask(n)))
     np.testing.assert_array_equal(per_token.last_use(q, n), got)      # default steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=3), st.integers(1, 70), SEARCH_STEPS)
+def test_last_use_equals_the_mask_on_any_composition(p, n: int, steps) -> None:
+    # every path of the search on compositions of all kinds (periodic ones too: the search
+    # does not need a period), empty ones included
+    q = p.restrict(n)
+    np.testing.assert_array_equal(_last_use_with(q, n, steps), brute_last_use(q.to_mask(n)))
+
+
+# Patterns whose per-token search was slow at 2^20 (bench_analysis.py --random 300): empty ones
+# that every column searched back to its key, and one whose causality check built O(n^2) runs
+SLOW_BEFORE = [
+    ((Rect(rows=(0, 4), cols=(0, 1)) >> Diag(3, None))
+     * ((Rect(rows=(2, 3), cols=(None, 3), stride=(2, 1), offset=(1, 0))
+         >> Rect(rows=(0, 2), cols=(0, 7), stride=(2, 2)))
+        + (Rect(rows=(0, 4), cols=(0, 2)) >> ~Dynamic(7))) * Causal()),
+    ((Rect(rows=(0, 1), cols=(0, 1))
+      >> (Rect(rows=(0, 2), cols=(0, 2)) * Rect(rows=(0, 1), cols=(0, 5), stride=(3, 3))))
+     >> Diag(-5, 1, stride=2)) * Causal(),
+    (Rect(rows=(0, 3), cols=(0, 1)) >> (Diag(4, 3) * Causal())) * Causal(),
+    ((Rect(rows=(0, 2), cols=(0, 4)) * Causal()) >> Diag(1, None)) * Causal(),
+    DRIFTING[0], DRIFTING[1], DRIFTING[2],
+]
+
+
+@pytest.mark.parametrize("p", SLOW_BEFORE, ids=repr)
+def test_the_search_reads_each_line_about_once(monkeypatch: pytest.MonkeyPatch, p) -> None:
+    n = 1 << 13
+    q = p.restrict(n)
+    lines = []
+
+    def counted(pattern, axis, fixed, lo, hi, **kw):
+        lines.append(len(fixed))
+        return line_runs(pattern, axis, fixed, lo, hi, **kw)
+
+    monkeypatch.setattr(per_token, "line_runs", counted)
+    # few runs per key in all, each column (or row) read about once: the doubling windows
+    # alone read these columns about log2(n) times each (5 to 9 at this length)
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", 4 * n)
+    np.testing.assert_array_equal(per_token.last_use(q, n), brute_last_use(q.to_mask(n)))
+    assert sum(lines) <= 1.25 * n
+    # the causality check reads no run above the diagonal: `Causal()` bounds the product first
+    j = np.arange(n, dtype=np.int64)
+    assert len(line_runs(q, COLUMN, j, np.zeros(n, dtype=np.int64), j, limit=0)) == 0
+    assert per_token.non_causal_cell(q, n) is None
 
 
 @settings(max_examples=40, deadline=None)
@@ -133,3 +207,23 @@ def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
     with pytest.raises(AnalysisError, match=r"more than 10 runs .*runs limit"):
         per_token.last_use(DRIFTING[1], 4096)
+
+
+@pytest.mark.parametrize("stride", [64, 1024])
+def test_a_drifting_spread_plus_a_long_stride(stride: int) -> None:
+    # columns attended all along by a stride too long for the last rows and too fine for
+    # reading whole columns: the sum is searched term by term (default steps, and windows only)
+    p = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Diag(0, None, stride=stride)) * Causal()
+    n = 4096
+    q = p.restrict(n)
+    want = brute_last_use(q.to_mask(n))
+    np.testing.assert_array_equal(per_token.last_use(q, n), want)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "WHOLE_RUNS_PER_COLUMN", 0)
+        mp.setattr(per_token, "WHOLE_RUNS_MIN", 0)
+        mp.setattr(per_token, "ROW_RUNS_PER_KEY", 0)
+        mp.setattr(per_token, "DENSE_LAST_ROWS", False)
+        np.testing.assert_array_equal(per_token.last_use(q, n), want)
+        mp.setattr(per_token, "ROW_RUNS_PER_KEY", 4)
+        mp.setattr(per_token, "DISTRIBUTE", False)      # windows of rows
+        np.testing.assert_array_equal(per_token.last_use(q, n), want)

@@ -7,26 +7,43 @@ query `i < n` attending it) and the check that no query attends a later key. Bot
 here from the runs of attended cells along the columns, derived from the pattern tree by
 `sas.ir.line_runs` (never from the `n x n` mask), a chunk of columns at a time:
 
-- last use: the runs of each column in windows going back from the end of the sequence,
-  `[n - 2W, n - W)` after `[n - W, n)` and so on (doubling), until a window holds a run
-  (its end is the last use) or reaches the diagonal (the key is never attended); a column
-  that is attended near the end stops at once, one attended only near its own key needs
-  about `log2(n / W)` windows, each costing its runs, not its cells;
+- last use, in three steps that each read a line's runs about once:
+  1. the last `W` rows (`W = FIRST_WINDOW`) along the rows, all keys at once, when they hold
+     few runs (about `n / 2`; cell by cell when they hold more): every key attended near the
+     end of the sequence gets its last use there (a column attended all along by a short
+     stride, say);
+  2. the columns left over all their rows at once, when those hold few runs (about 8 a
+     column): columns attended only near their key, or not at all (an empty pattern is
+     one such pass over its columns);
+  3. the keys still left by windows going back from the end, `[n - 5W, n - W)` after
+     `[n - W, n)` and so on (each `GROWTH` times the last): first along the rows, all keys
+     at once, while the windows hold few runs of few cells (`ROW_CELLS_PER_KEY * n` cells in
+     all: columns attended all along by a long stride are resolved in O(n) cells), then along
+     the columns left, until a window holds a run (its end is the last use) or reaches the
+     diagonal (the key is never attended), with step 2 tried again on the columns left after
+     each window that resolved some.
+  A sum (or a product with a sum among its factors, `(a + b) * c = a * c + b * c`) takes
+  steps 1 and 2 as a whole, then searches the keys they leave term by term, the simplest
+  first, each term only in the rows above the last use found so far: a term that needs
+  windows (a long stride) does not make the search of the others go by windows too.
 - causality: the runs of each column above the diagonal (rows `0 <= i < j`), which must be
-  empty.
+  empty (a product with `Causal()` is bounded by it first: no run is built there).
 
-Memory is O(chunk + n): the `n` last uses and the runs of one chunk. A chunk whose runs pass
-`CHUNK_RUNS` is split in halves (a single column past it raises `AnalysisError`); past
-`TOTAL_RUNS` runs read in all the search stops with an `AnalysisError` naming the numbers.
+Memory is O(chunk + n): the `n` last uses and the runs of one chunk (along rows: at most
+`CHUNK_RUNS` runs and `ROW_CELLS_PER_KEY * n` cells). A window whose runs pass `CHUNK_RUNS` is split in halves (a
+single column past it raises `AnalysisError`); past `TOTAL_RUNS` runs read in all the search
+stops with an `AnalysisError` naming the numbers.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from sas.errors import AnalysisError
-from sas.ir.line_runs import COLUMN, Runs, line_runs
-from sas.lang.pattern import Pattern
+from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
+from sas.lang.pattern import And, Or, Pattern
 
 _I64 = np.int64
 #: Columns read per call of `line_runs`.
@@ -38,6 +55,28 @@ CHUNK_RUNS = 1 << 22
 #: Most runs the last-use search reads in all (about 10 s on one core): a pattern whose
 #: columns are attended all along by a fine stride, far from the end, would need O(n^2) runs.
 TOTAL_RUNS = 1 << 26
+#: Step 1: read the last `FIRST_WINDOW` rows along the rows first, when they hold at most
+#: `ROW_RUNS_PER_KEY * n` runs (and at most `CHUNK_RUNS`; plus `WHOLE_RUNS_MIN`).
+ROWS_FIRST = True
+ROW_RUNS_PER_KEY = 0.5
+#: Past that limit, step 1 evaluates those rows cell by cell (`DENSE_COLUMNS` keys at a time)
+#: instead of leaving them to the windows of the columns.
+DENSE_LAST_ROWS = True
+DENSE_COLUMNS = 1 << 15
+#: Step 2: read the columns left over all their rows at once when that takes at most this
+#: many runs per column (plus `WHOLE_RUNS_MIN`); `WHOLE_FIRST`: before the first window (a
+#: chunk tries it there only while it worked for the chunks before), else after it.
+WHOLE_RUNS_PER_COLUMN = 8
+WHOLE_RUNS_MIN = 1 << 16
+WHOLE_FIRST = True
+#: Step 3: each window is this many times as tall as the one before.
+GROWTH = 4
+#: Search the terms of a sum apart for the keys that steps 1 and 2 leave.
+DISTRIBUTE = True
+#: Step 3 along the rows first, while its windows hold few runs (`ROW_RUNS_PER_KEY`) and at
+#: most `ROW_CELLS_PER_KEY * n` cells in all.
+ROW_WINDOWS = True
+ROW_CELLS_PER_KEY = 2
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -52,36 +91,203 @@ def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> li
     return _runs(pattern, j[:h], lo[:h], hi[:h]) + _runs(pattern, j[h:], lo[h:], hi[h:])
 
 
+def _record(out: np.ndarray, cols: np.ndarray, r: Runs) -> np.ndarray:
+    """Set out[col] to the end of the last run of each column that has one; which have one."""
+    has = np.zeros(len(cols), dtype=bool)
+    if len(r):
+        last = np.searchsorted(r.line, np.arange(len(cols), dtype=_I64), side="right") - 1
+        has = (last >= 0) & (r.line[np.maximum(last, 0)] == np.arange(len(cols)))
+        out[cols[has]] = r.stop[last[has]] - 1
+    return has
+
+
+def _whole(pattern: Pattern, todo: np.ndarray, lo: np.ndarray, hi: int) -> Runs | None:
+    """Step 2: the runs of the columns `todo` over all their rows left, [lo, hi), when they
+    number at most about `WHOLE_RUNS_PER_COLUMN` per column (None past that: on by windows)."""
+    try:
+        return line_runs(pattern, COLUMN, todo, lo, np.full(len(todo), hi, dtype=_I64),
+                         limit=WHOLE_RUNS_PER_COLUMN * len(todo) + WHOLE_RUNS_MIN)
+    except AnalysisError:
+        return None
+
+
+def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
+               count: Callable[[int], None]) -> tuple[int, np.ndarray] | None:
+    """Step 1: the last uses within the last `FIRST_WINDOW` rows below `end`, read along those
+    rows (all keys at once) when they hold few runs: raises `out[j]` to the last of those rows
+    attending key j; returns the first of those rows and which keys they attend (None past
+    the limit)."""
+    n = len(out)
+    top = max(0, end - FIRST_WINDOW)
+    rows = np.arange(top, end, dtype=_I64)
+    hit = np.zeros(n, dtype=bool)
+    try:
+        r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
+                      limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
+    except AnalysisError:
+        if not DENSE_LAST_ROWS:
+            return None
+        # many runs in those rows: cell by cell is cheaper than the run algebra
+        cells = pattern._index_safe
+        i = rows[:, None]
+        for c0 in range(0, end, DENSE_COLUMNS):
+            j = np.arange(c0, min(end, c0 + DENSE_COLUMNS), dtype=_I64)
+            on = np.asarray(cells.evaluate(i, j[None, :]), dtype=bool) & (i >= j[None, :])
+            has = on.any(axis=0)
+            k = j[has]
+            out[k] = np.maximum(out[k], rows[len(rows) - 1 - np.argmax(on[::-1], axis=0)][has])
+            hit[k] = True
+        return top, hit
+    count(len(r))
+    # The runs of one row are disjoint: summing 2^k over the runs of row k that cover a key
+    # gives the set of rows attending it as bits, exactly in float64 for up to 52 rows a pass;
+    # its highest bit is the last use.
+    ptr = r.ptr
+    for g1 in range(len(rows), 0, -52):             # the last rows first
+        g0 = max(0, g1 - 52)
+        a, b = ptr[g0], ptr[g1]
+        if a == b:
+            continue
+        bit = np.ldexp(1.0, (r.line[a:b] - g0).astype(np.int32))
+        rows_on = np.cumsum((np.bincount(r.start[a:b], bit, minlength=n + 1)
+                             - np.bincount(r.stop[a:b], bit, minlength=n + 1))[:n])
+        k = np.flatnonzero((rows_on > 0) & ~hit)
+        out[k] = np.maximum(out[k], rows[g0 + np.frexp(rows_on[k])[1] - 1])
+        hit[k] = True
+    return top, hit
+
+
+def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: np.ndarray,
+                 count: Callable[[int], None]) -> tuple[int, int]:
+    """Windows of rows going back from `end` (each `GROWTH` times the last), read along the
+    rows while they hold few runs of few cells in all (`ROW_RUNS_PER_KEY`, `ROW_CELLS_PER_KEY`
+    times n): every key they attend (above its `base`) is settled. Returns the end and width
+    of the next window (for the columns)."""
+    n = len(out)
+    cells_left = int(ROW_CELLS_PER_KEY * n)
+    while end > 0 and bool((base < end).any()):
+        top = max(0, end - width)
+        rows = np.arange(top, end, dtype=_I64)
+        try:
+            r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
+                          limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
+        except AnalysisError:
+            break
+        length = r.stop - r.start
+        total = int(length.sum())
+        if total > cells_left:
+            break
+        cells_left -= total
+        count(len(r))
+        if total:
+            run = np.repeat(np.arange(len(r), dtype=_I64), length)
+            key = r.start[run] + np.arange(total, dtype=_I64) - (np.cumsum(length) - length)[run]
+            row = rows[r.line[run]]
+            left = base[key] < end                      # keys not settled yet
+            key, row = key[left], row[left]
+            np.maximum.at(out, key, row)
+            base[key] = n
+        end, width = top, GROWTH * width
+    return end, width
+
+
+def _sum_terms(p: Pattern) -> list[Pattern]:
+    """Patterns whose union is p: the terms of a sum, or of a product with one sum among its
+    factors distributed over it (`(a + b) * c = a * c + b * c`); else p itself."""
+    if isinstance(p, Or):
+        return list(p.terms)
+    if isinstance(p, And):
+        sums = [t for t in p.terms if isinstance(t, Or)]
+        if len(sums) == 1:
+            rest = [t for t in p.terms if t is not sums[0]]
+            return [And(t, *rest) for t in sums[0].terms]
+    return [p]
+
+
 def last_use(pattern: Pattern, n: int) -> np.ndarray:
     """Last query i < n attending each key j < n (int64, -1 when none does), exactly."""
-    out = np.full(n, -1, dtype=_I64)
     read = 0
+
+    def count(k: int) -> None:
+        nonlocal read
+        read += k
+        if read > TOTAL_RUNS:
+            raise AnalysisError(
+                f"analyze: the last uses of the keys of {pattern!r} up to max_len={n} need more than "
+                f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
+                f"columns are attended all along by a fine stride); give a smaller max_len")
+
+    out = np.full(n, -1, dtype=_I64)
+    base = np.arange(n, dtype=_I64)
+    terms = _sum_terms(pattern) if DISTRIBUTE else [pattern]
+    if len(terms) == 1:
+        _search(pattern, n, count, out, base, windows=True)
+        return out
+    # Steps 1 and 2 on the whole pattern; the keys they leave (attended all along by a long
+    # stride, say) by every term of the sum, each searched by windows only where it can still
+    # raise a key's last use: a term that needs windows does not slow the others down.
+    end = _search(pattern, n, count, out, base, windows=False)
+    for t in sorted(terms, key=lambda t: sum(1 for _ in t.walk())):      # the simplest first
+        _search(t, end, count, out, np.maximum(base, out + 1), windows=True)
+    return out
+
+
+def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.ndarray, base: np.ndarray,
+            windows: bool) -> int:
+    """Raise out[j] to the last row i in [base[j], end) where `pattern` attends key j (the
+    three steps of the module doc; `windows=False`: steps 1 and 2 only). Sets base[j] past
+    every row for the keys it settles; returns the end of the rows left to search."""
+    n = len(out)
+    width = FIRST_WINDOW
+    if ROWS_FIRST and bool((base < end).any()):
+        # the last rows along the rows when they hold few runs (then the columns left start below)
+        got = _last_rows(pattern, end, out, count)
+        if got is not None:
+            end, hit = got
+            base[hit] = n
+            width = GROWTH * FIRST_WINDOW
+    rowed = not (windows and ROW_WINDOWS and width > FIRST_WINDOW)   # row windows: once, if step 1 read rows
+    whole_first = WHOLE_FIRST
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
-        hi, width = n, FIRST_WINDOW
-        while len(todo):
-            todo = todo[todo < hi]               # keys at or past the window's end: never attended later
+        hi, w = end, width
+        failed = len(todo) + 1              # columns of the last attempt at all rows that failed
+        first = True
+        while True:
+            todo = todo[base[todo] < hi]         # no row left to search below the window's end
             if not len(todo):
                 break
-            lo = np.maximum(todo, hi - width)
+            if len(todo) < failed and (whole_first or not first):
+                # all the rows of the columns left at once, when they hold few runs (columns
+                # attended only near their key, or not at all), else on by windows
+                r = _whole(pattern, todo, base[todo], hi)
+                if first:
+                    whole_first = r is not None
+                if r is not None:
+                    count(len(r))
+                    _record(out, todo, r)
+                    base[todo] = n
+                    break
+                failed = len(todo)
+            if not windows:
+                break
+            if not rowed:
+                # before the first window of columns: windows of rows for all the keys left
+                rowed = True
+                end, width = _row_windows(pattern, end, width, out, base, count)
+                hi, w = end, width
+                continue
+            first = False
+            lo = np.maximum(base[todo], hi - w)
             found = np.zeros(len(todo), dtype=bool)
             pos = 0
             for cols, r in _runs(pattern, todo, lo, np.full(len(todo), hi, dtype=_I64)):
-                read += len(r)
-                if read > TOTAL_RUNS:
-                    raise AnalysisError(
-                        f"analyze: the last uses of the keys of {pattern!r} up to max_len={n} need more than "
-                        f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
-                        f"columns are attended all along by a fine stride); give a smaller max_len")
-                if len(r):
-                    last = np.searchsorted(r.line, np.arange(len(cols), dtype=_I64), side="right") - 1
-                    has = (last >= 0) & (r.line[np.maximum(last, 0)] == np.arange(len(cols)))
-                    out[cols[has]] = r.stop[last[has]] - 1
-                    found[pos:pos + len(cols)] = has
+                count(len(r))
+                found[pos:pos + len(cols)] = _record(out, cols, r)
                 pos += len(cols)
-            todo = todo[~found & (lo > todo)]
-            hi, width = hi - width, 2 * width
-    return out
+            todo = todo[~found & (lo > base[todo])]
+            hi, w = hi - w, GROWTH * w
+    return end
 
 
 def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
@@ -94,4 +300,6 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
     return None
 
 
-__all__ = ["CHUNK", "CHUNK_RUNS", "FIRST_WINDOW", "TOTAL_RUNS", "last_use", "non_causal_cell"]
+__all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH",
+           "ROWS_FIRST", "ROW_CELLS_PER_KEY", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
+           "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell"]

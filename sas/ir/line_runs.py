@@ -51,7 +51,9 @@ class Runs:
     @property
     def ptr(self) -> np.ndarray:
         """CSR offsets: the runs of line k are `[ptr[k], ptr[k + 1])`."""
-        return np.searchsorted(self.line, np.arange(self.n_lines + 1, dtype=_I64)).astype(_I64)
+        ptr = np.zeros(self.n_lines + 1, dtype=_I64)
+        np.cumsum(self.counts(), out=ptr[1:])
+        return ptr
 
     def counts(self) -> np.ndarray:
         """Runs per line."""
@@ -151,6 +153,11 @@ def _unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     when the values span a small range."""
     if len(keys) == 0:
         return keys, keys
+    step = np.diff(keys)
+    if bool((step >= 0).all()):                 # already sorted (lines in order): no sort
+        new = np.ones(len(keys), dtype=bool)
+        new[1:] = step > 0
+        return keys[new], np.cumsum(new) - 1
     low, span = int(keys.min()), int(keys.max()) - int(keys.min()) + 1
     if span <= 4 * len(keys) + 1024:
         present = np.zeros(span, dtype=bool)
@@ -222,9 +229,10 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Not):
         return _complement(_runs(p.a, axis, fixed, lo, hi, ctx), lo, hi)
     if isinstance(p, And):
-        # Each term only inside the runs of the terms before it (finest terms last): the
-        # intermediate runs never outnumber the coarsest term's.
-        terms = sorted(p.terms, key=_fineness)
+        # Each term only inside the runs of the terms before it (primitives of one run per
+        # line first, finest terms last): the intermediate runs never outnumber the coarsest
+        # term's, and a band (`Causal()`) bounds the range of everything after it.
+        terms = sorted(p.terms, key=lambda t: (not _single_run(t), _fineness(t)))
         acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
         for t in terms[1:]:
             if len(acc) == 0:
@@ -247,6 +255,11 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Spread):
         return _spread(p, axis, fixed, lo, hi, ctx)
     raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
+
+
+def _single_run(p: Pattern) -> bool:
+    """A primitive with at most one run on every line (an unstrided Diag or Rect)."""
+    return (isinstance(p, Diag) and p.stride == 1) or (isinstance(p, Rect) and p.stride == (1, 1))
 
 
 def _fineness(p: Pattern) -> int:
@@ -293,11 +306,19 @@ def _rect(p: Rect, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 def _complement(r: Runs, lo: np.ndarray, hi: np.ndarray) -> Runs:
     """The gaps of r inside [lo, hi) on each line."""
     m = r.n_lines
-    ptr = r.ptr
-    # gap starts: lo, then every stop; gap stops: every start, then hi (per line, in order)
-    g_start = np.insert(r.stop, ptr[:-1], lo)
-    g_stop = np.insert(r.start, ptr[1:], hi)
-    g_line = np.insert(r.line, ptr[:-1], np.arange(m, dtype=_I64))
+    counts = r.counts()
+    # line k's gaps: [lo, start_0), [stop_0, start_1), ..., [stop_last, hi), in slots
+    # first[k] .. first[k] + counts[k] of the output (one more slot per line than runs)
+    first = np.cumsum(counts + 1) - (counts + 1)
+    after = np.arange(len(r), dtype=_I64) + r.line + 1      # the slot of the gap after each run
+    total = len(r) + m
+    g_start = np.empty(total, dtype=_I64)
+    g_stop = np.empty(total, dtype=_I64)
+    g_start[first] = lo
+    g_start[after] = r.stop
+    g_stop[after - 1] = r.start
+    g_stop[first + counts] = hi
+    g_line = np.repeat(np.arange(m, dtype=_I64), counts + 1)
     return _merge_adjacent(g_line, g_start, g_stop, m)
 
 
