@@ -1,7 +1,9 @@
 """The one AST walker (sas.codegen.printers) prints Triton byte-identically to the lowering
 that sas shipped before the C++ printer was added: the generated prefill and decode modules
 of the Table-1 patterns and of 53 hypothesis-drawn causal compositions hash as recorded in
-tests/data/triton_lowering_golden.json (captured from the pre-refactor lower_triton.py)."""
+tests/data/triton_lowering_golden.json (captured from the pre-refactor lower_triton.py; the prefill
+hashes re-captured on 2026-11-26 after the prefill template changed (TMA loads, folded scale),
+with the printers unchanged: every decode hash still matched)."""
 
 from __future__ import annotations
 
