@@ -18,6 +18,8 @@ from sas.methods.santa import SantaRandom, composed_reference
 from sas.methods.santa_runtime import SantaOptions, santa_decode
 from sas.runtime.kernel import SASAttnKernel
 
+from helpers.attention import assert_repeatable
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 STRATEGIES = ["prop", "flash", "torch"]
 
@@ -125,16 +127,17 @@ def test_santa_decode_static_mask_matches_the_reference(monkeypatch, strategy, a
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(res.out.cpu().double(), ref, atol=tol, rtol=tol)
     again = santa_decode(q, k, v, n_keys, opts, mask=mask.to(DEV), static=static, uniforms=res.uniforms)
-    assert torch.equal(again.out, res.out)
+    assert_repeatable(again.out, res.out)
 
 
 # --- (2) unbiased against exact attention over the whole pattern -------------------------------------------
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("strategy,reps", [("prop", 4096), ("flash", 256), ("torch", 4096)])
+@pytest.mark.parametrize("strategy,reps", [("prop", 2048), ("flash", 256), ("torch", 4096)])
 def test_composed_estimate_is_unbiased(strategy, reps):
-    """`reps` independent estimates in one launch (replicates are query heads of one KV head
-    with the same query, each with its own uniform): the per-coordinate mean is within 5
+    """`reps` independent estimates in one launch (replicates are query heads with the same
+    query, each with its own uniform, 64 per KV head, every KV head with the same keys: a group
+    of thousands of query heads would not fit a GPU's shared memory): the per-coordinate mean is within 5
     standard errors (measured variance: systematic has no closed form) of exact attention over
     static + region. Seeded: the outcome is a fixed function of the code."""
     g = torch.Generator().manual_seed(11)
@@ -147,7 +150,9 @@ def test_composed_estimate_is_unbiased(strategy, reps):
     static[[0, 1, 33, 34, 35, 36, 37, 38, 39]] = True
     s = (k[0, 0].double() @ q[0, 0].double()) / d ** 0.5
     exact = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v[0, 0].double()
-    res = santa_decode(q.expand(1, reps, d).to(DEV), k.to(DEV), v.to(DEV), slots,
+    hkv = reps // 64
+    res = santa_decode(q.expand(1, reps, d).to(DEV), k.expand(1, hkv, slots, d).contiguous().to(DEV),
+                       v.expand(1, hkv, slots, d).contiguous().to(DEV), slots,
                        SantaOptions(n=4, strategy=strategy, tile=16), SantaRandom(5), mask=mask.to(DEV),
                        static=static)
     est = res.out[0].cpu().double()

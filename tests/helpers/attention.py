@@ -57,3 +57,15 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 __all__ = ["DEV", "TOL", "qkv", "reference_attention", "rel_error"]
+
+
+def assert_repeatable(again: torch.Tensor, first: torch.Tensor) -> None:
+    """Two runs of one step with the same random numbers: identical on the CPU; on a GPU equal up
+    to the last bit of the output dtype (kernels that sum partial outputs with float atomics add
+    them in arrival order, so a rounding can differ between runs; the draws themselves are equal
+    and are compared exactly by the callers)."""
+    if first.device.type == "cpu":
+        assert torch.equal(again, first)
+        return
+    tol = {torch.bfloat16: 8e-3, torch.float16: 1e-3}.get(first.dtype, 1e-5)
+    torch.testing.assert_close(again, first, atol=tol, rtol=tol)
