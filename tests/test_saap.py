@@ -19,6 +19,8 @@ from sas.methods.saap_runtime import SaapDecoder, build_csr
 from sas.methods.saap_state import SaapStateError, load_state, make_state, pattern_hash
 from sas.runtime.kernel import SASAttnKernel
 
+from helpers.attention import DEV
+
 
 def saap_pattern(sink: int, window: int, probes: int, budget: int = 1, refresh: bool = True, chain=None):
     dense = (Rect(cols=(0, sink)) + Diag(0, window)) * Causal() if sink else Diag(0, window) * Causal()
@@ -138,14 +140,17 @@ def test_csr_index_invariants():
 # --- the kernel against the exact reference ----------------------------------------------------------
 
 def run_decoder(layer, probes, sink, window, q, k, v, prefill, rebuild_every, max_len=None, chunk=256, split=1):
+    """The decoder on DEV (layer and inputs moved there), over the CPU-built inputs: the outputs
+    and the per-step looked-up counts come back on the CPU (the decoder stays on DEV)."""
+    layer, q, k, v = layer.to(DEV), q.to(DEV), k.to(DEV), v.to(DEV)
     dec = SaapDecoder(layer, probes, sink=sink, window=window, max_len=max_len or q.shape[2],
                       rebuild_every=rebuild_every, block_n=16, chunk=chunk, split=split)
     outs = [dec.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])]
     looked = []
     for i in range(prefill, q.shape[2]):
         outs.append(dec.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]))
-        looked.append(dec.last_looked_up)
-    return torch.cat(outs, 2), looked, dec
+        looked.append(dec.last_looked_up.cpu())
+    return torch.cat(outs, 2).cpu(), looked, dec
 
 
 @pytest.mark.parametrize("b,hq,hkv,d,c,probes,sink,window,rebuild,chunk,split", [
@@ -195,22 +200,23 @@ def test_sasattnkernel_runs_partition_like_reference():
     n, prefill, sink, window, c, probes = 36, 28, 1, 6, 8, 3
     q, k, v = inputs(1, 4, 2, n, 16, seed=11)
     layer = random_layer(2, c, 16, seed=3)
-    kern = SASAttnKernel(saap_pattern(sink, window, probes), other_inputs=other_inputs(layer), max_len=64)
+    kern = SASAttnKernel(saap_pattern(sink, window, probes), other_inputs=other_inputs(layer.to(DEV)), max_len=64)
     assert kern.dynamic.report()["window"] == window and kern.dynamic.report()["sink"] == sink
-    outs = [kern.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])]
+    qd, kd, vd = q.to(DEV), k.to(DEV), v.to(DEV)        # the kernel's inputs; the reference stays on the CPU
+    outs = [kern.prefill(qd[:, :, :prefill], kd[:, :, :prefill], vd[:, :, :prefill])]
     for i in range(prefill, n):
-        outs.append(kern.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]))
+        outs.append(kern.decode(qd[:, :, i:i + 1], kd[:, :, i:i + 1], vd[:, :, i:i + 1]))
     ref = saap_attention_reference(q, k, v, layer, probes, sink=sink, window=window, prefill_len=prefill)
-    assert (torch.cat(outs, 2).double() - ref.out).abs().max() < 1e-4
-    assert torch.equal(kern.dynamic.last_looked_up, ref.looked_up[n - 1])
+    assert (torch.cat(outs, 2).cpu().double() - ref.out).abs().max() < 1e-4
+    assert torch.equal(kern.dynamic.last_looked_up.cpu(), ref.looked_up[n - 1])
     # a bad decode call raises before touching the cache; the next good call still matches
     kern.reset()
-    kern.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])
+    kern.prefill(qd[:, :, :prefill], kd[:, :, :prefill], vd[:, :, :prefill])
     with pytest.raises(KernelError):
-        kern.decode(q[:, :, prefill:prefill + 1], k[:, :1, prefill:prefill + 1], v[:, :1, prefill:prefill + 1])
+        kern.decode(qd[:, :, prefill:prefill + 1], kd[:, :1, prefill:prefill + 1], vd[:, :1, prefill:prefill + 1])
     assert kern.length == prefill
-    o = kern.decode(q[:, :, prefill:prefill + 1], k[:, :, prefill:prefill + 1], v[:, :, prefill:prefill + 1])
-    assert (o.double() - ref.out[:, :, prefill:prefill + 1]).abs().max() < 1e-4
+    o = kern.decode(qd[:, :, prefill:prefill + 1], kd[:, :, prefill:prefill + 1], vd[:, :, prefill:prefill + 1])
+    assert (o.cpu().double() - ref.out[:, :, prefill:prefill + 1]).abs().max() < 1e-4
 
 
 def test_bad_input_raises_before_any_kernel():

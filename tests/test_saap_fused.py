@@ -14,6 +14,8 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, group_scores, probe, saap_attention_reference
 from sas.methods.saap_runtime import ROUTE_BLOCK_C, ROUTE_MAX_CLUSTERS, SaapDecoder
 
+from helpers.attention import DEV
+
 pytestmark = pytest.mark.kernels
 
 
@@ -48,12 +50,15 @@ def layer_and_step(b, hkv, g, d, c, hidden, seed, ties):
 
 
 def fused_route(layer, probes, q, k, v, max_len=6, pos=3):
+    """One fused route step on DEV (the cache, and so the layer, and the step's tensors there);
+    probed and mask come back as CPU copies, the decoder (cache, buckets, scratch) stays on DEV."""
     b, hkv, _, d = k.shape
     dec = SaapDecoder(layer, probes, sink=1, window=2, max_len=max_len, route="fused")
-    cache_k = torch.zeros(b, hkv, max_len, d)
-    dec.fill(cache_k, torch.zeros_like(cache_k), torch.zeros(b, hkv, max_len, dtype=torch.int32), pos)
-    probed, mask = dec.route_step(q, k, k, v, pos)
-    return dec, probed.clone(), mask.clone()
+    cache_k = torch.zeros(b, hkv, max_len, d, device=DEV)
+    dec.fill(cache_k, torch.zeros_like(cache_k), torch.zeros(b, hkv, max_len, dtype=torch.int32, device=DEV), pos)
+    k_dev = k.to(DEV)
+    probed, mask = dec.route_step(q.to(DEV), k_dev, k_dev, v.to(DEV), pos)
+    return dec, probed.clone().cpu(), mask.clone().cpu()
 
 
 def check_selection(probed, mask, layer, q, hkv, probes):
@@ -99,8 +104,8 @@ def check_route(layer, probes, q, k, v, pos=3):
     b, hkv, _, d = k.shape
     dec, probed, mask = fused_route(layer, probes, q, k, v, pos=pos)
     check_selection(probed, mask, layer, q, hkv, probes)
-    assert torch.equal(dec.bucket_of[:, :, pos], assign(k, layer.centroids[None])[:, :, 0].to(torch.int32))
-    assert torch.equal(dec.k[:, :, pos], k[:, :, 0]) and torch.equal(dec.v[:, :, pos], v[:, :, 0])
+    assert torch.equal(dec.bucket_of[:, :, pos].cpu(), assign(k, layer.centroids[None])[:, :, 0].to(torch.int32))
+    assert torch.equal(dec.k[:, :, pos].cpu(), k[:, :, 0]) and torch.equal(dec.v[:, :, pos].cpu(), v[:, :, 0])
     others = [j for j in range(dec.max_len) if j != pos]
     assert not dec.k[:, :, others].any() and not dec.bucket_of[:, :, others].any()
     assert not dec._route_bufs["counter"].any()      # reset for the next step
@@ -155,11 +160,12 @@ def test_route_uses_the_index_vectors():
     layer, q, k, v = layer_and_step(1, 2, 2, 8, 12, 6, seed=4, ties=False)
     qi, ki = q.flip(-1) * 3, k.roll(1, -1) - 1
     dec = SaapDecoder(layer, 4, sink=1, window=2, max_len=6, route="fused")
-    dec.fill(torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, dtype=torch.int32), 3)
-    probed, _ = dec.route_step(qi, ki, k, v, 3)
-    assert torch.equal(probed.long(), probe(group_scores(qi, layer.classifier, 2), 4))
-    assert torch.equal(dec.bucket_of[:, :, 3], assign(ki, layer.centroids[None])[:, :, 0].to(torch.int32))
-    assert torch.equal(dec.k[:, :, 3], k[:, :, 0])
+    dec.fill(torch.zeros(1, 2, 6, 8, device=DEV), torch.zeros(1, 2, 6, 8, device=DEV),
+             torch.zeros(1, 2, 6, dtype=torch.int32, device=DEV), 3)
+    probed, _ = dec.route_step(qi.to(DEV), ki.to(DEV), k.to(DEV), v.to(DEV), 3)
+    assert torch.equal(probed.long().cpu(), probe(group_scores(qi, layer.classifier, 2), 4))
+    assert torch.equal(dec.bucket_of[:, :, 3].cpu(), assign(ki, layer.centroids[None])[:, :, 0].to(torch.int32))
+    assert torch.equal(dec.k[:, :, 3].cpu(), k[:, :, 0])
 
 
 def inputs(b, hq, hkv, n, d, seed, dtype=torch.float32):
@@ -168,15 +174,18 @@ def inputs(b, hq, hkv, n, d, seed, dtype=torch.float32):
 
 
 def decode_all(route, layer, probes, sink, window, q, k, v, prefill, rebuild, split=1, chunk=256):
+    """Prefill and decode on DEV (layer and inputs moved there); the outputs, looked-up counts
+    and probed ids come back on the CPU, the decoder stays on DEV."""
+    layer, q, k, v = layer.to(DEV), q.to(DEV), k.to(DEV), v.to(DEV)
     dec = SaapDecoder(layer, probes, sink=sink, window=window, max_len=q.shape[2], rebuild_every=rebuild,
                       block_n=16, chunk=chunk, split=split, route=route)
     outs = [dec.prefill(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])]
     looked, probed = [], []
     for i in range(prefill, q.shape[2]):
         outs.append(dec.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]))
-        looked.append(dec.last_looked_up)
-        probed.append(dec._last_step[1].long().clone())
-    return torch.cat(outs, 2), looked, probed, dec
+        looked.append(dec.last_looked_up.cpu())
+        probed.append(dec._last_step[1].long().clone().cpu())
+    return torch.cat(outs, 2).cpu(), looked, probed, dec
 
 
 @pytest.mark.parametrize("b,hq,hkv,d,c,probes,sink,window,rebuild,split,chunk", [

@@ -25,6 +25,8 @@ from sas.methods.specattn_align import (AlignmentError, Alignment, align, kl_row
 from sas.methods.threshold import select_reference
 from sas.runtime.kernel import SASAttnKernel
 
+from helpers.attention import DEV
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
@@ -49,17 +51,18 @@ def inputs(b, hq, hkv, n, d, seed=0):
 def test_kernel_matches_reference(pooled, chunk, gamma, window):
     b, hq, hkv, n, d, prompt = 1, 4, 2, 44, 16, 36
     q, k, v, draft = inputs(b, hq, hkv, n, d, seed=chunk)
-    ker = SASAttnKernel(spec_pattern(0.8, chunk, pooled, window), other_inputs={"draft_attn": draft}, max_len=64)
-    outs = [ker.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt])]
+    qd, kd, vd, dd = (t.to(DEV) for t in (q, k, v, draft))    # the kernel's inputs; the reference's stay on the CPU
+    ker = SASAttnKernel(spec_pattern(0.8, chunk, pooled, window), other_inputs={"draft_attn": dd}, max_len=64)
+    outs = [ker.prefill(qd[:, :, :prompt], kd[:, :, :prompt], vd[:, :, :prompt])]
     for i in range(prompt, n, gamma):
         j = min(n, i + gamma)
         if gamma == 1:
-            outs.append(ker.decode(q[:, :, i:j], k[:, :, i:j], v[:, :, i:j]))
+            outs.append(ker.decode(qd[:, :, i:j], kd[:, :, i:j], vd[:, :, i:j]))
         else:   # the verification step, scores passed per step
-            outs.append(ker.dynamic.step(q[:, :, i:j], k[:, :, i:j], v[:, :, i:j], scores=draft[:, :, i:j, :j]))
+            outs.append(ker.dynamic.step(qd[:, :, i:j], kd[:, :, i:j], vd[:, :, i:j], scores=dd[:, :, i:j, :j]))
     ref = specattn_attention_reference(q, k, v, draft, 0.8, chunk=chunk, pooled=pooled, window=window,
                                        prefill_len=prompt, gamma=gamma)
-    assert torch.allclose(torch.cat(outs, 2).double(), ref.out, atol=1e-5)
+    assert torch.allclose(torch.cat(outs, 2).cpu().double(), ref.out, atol=1e-5)
     # the last step's selection is the reference's, and loads are counted
     assert ker.dynamic.last_selected.shape == (b, hkv, n)
     assert (ker.dynamic.last_loaded <= n).all() and 0.0 <= ker.dynamic.loads_skipped() < 1.0
@@ -212,9 +215,11 @@ def test_draft_integration_kernel_path_equals_mask_path():
     from sas.integrations.transformers import sas_attention
     from sas.methods.specattn_align import attention_maps, layer_subset_model
 
-    base = tiny_llama()
+    # both paths on DEV (the triton backend needs the model there): the mask path's draft maps
+    # then come from the same device as the draft the kernel path runs beside the target
+    base = copy.deepcopy(tiny_llama()).to(DEV)         # a copy: tiny_llama() is cached, .to moves in place
     draft = layer_subset_model(base, [0])
-    ids = torch.randint(0, 49152, (1, 26), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 49152, (1, 26), generator=torch.Generator().manual_seed(0)).to(DEV)
     masks, stats = specattn_masks(attention_maps(draft, ids), (0, 0), [1], 4, 2, p=0.3, prefill_len=20, gamma=3,
                                   chunk=1)
     want = masked_logits(copy.deepcopy(base), ids, masks)

@@ -10,9 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sas.errors import KernelError, PatternError, SASError
-from sas.methods.threshold import expand_chunks, kept_mass, pool, select_reference
+from sas.methods.threshold import Selection, expand_chunks, kept_mass, pool, select_reference
 from sas.methods.threshold_split_triton import split_layout
 from sas.methods.threshold_triton import threshold_select
+
+from helpers.attention import DEV
+
+
+def kernel_select(x, **kw) -> Selection:
+    """`threshold_select` on CPU-built scores moved to DEV, its selection brought back to the CPU
+    (to compare with the float64 reference there)."""
+    got = threshold_select(x.to(DEV), **kw)
+    return Selection(got.mask.cpu(), got.theta.cpu(), got.kept.cpu())
 
 
 def rows(shape, seed, kind="peaked"):
@@ -52,7 +61,7 @@ def test_kernel_equals_sorted_reference_topp(chunk, method):
     x = rows((2, 2, 2, 70), chunk, "softmax")
     for p in (0.6, 0.95):
         ref = select_reference(x, p=p, chunk=chunk)
-        got = threshold_select(x, p=p, chunk=chunk, method=method)
+        got = kernel_select(x, p=p, chunk=chunk, method=method)
         assert torch.equal(got.mask, ref.mask), (chunk, p)
         assert torch.equal(got.kept.long(), ref.kept)
         assert (kept_mass(x, got.mask, chunk) >= p - 1e-6).all()
@@ -62,15 +71,15 @@ def test_kernel_equals_sorted_reference_topp(chunk, method):
 def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the row kernel at these sizes)
     x = rows((2, 1, 1, 23), 5, "peaked")
     for p, chunk in ((0.9, 5), (1.0, 1)):
-        assert torch.equal(threshold_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
-    assert threshold_select(torch.zeros(1, 1, 1, 9), p=0.5).mask.all()     # all-zero row: every key (ties)
+        assert torch.equal(kernel_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
+    assert kernel_select(torch.zeros(1, 1, 1, 9), p=0.5).mask.all()     # all-zero row: every key (ties)
 
 
 @pytest.mark.kernels
 def test_kernel_topk_equals_torch_topk_and_signed_scores():
     x = torch.randn(2, 1, 1, 40, generator=torch.Generator().manual_seed(3))      # negative values too
     for k in (1, 7, 200):
-        got = threshold_select(x, k=k).mask
+        got = kernel_select(x, k=k).mask
         want = torch.zeros(2, 40, dtype=torch.bool)
         want.scatter_(1, torch.topk(x[:, 0, 0], min(k, 40), dim=-1).indices, True)
         assert torch.equal(got, want)
@@ -80,7 +89,7 @@ def test_kernel_topk_equals_torch_topk_and_signed_scores():
 def test_kernel_paper_bisection_keeps_theta_low():
     x = rows((3, 1, 1, 64), 4, "softmax")
     ref = select_reference(x, p=0.9, iters=10)
-    got = threshold_select(x, p=0.9, iters=10)
+    got = kernel_select(x, p=0.9, iters=10)
     assert torch.equal(got.mask, ref.mask)
     exact = select_reference(x, p=0.9).mask
     assert (got.mask | ~exact).all()                        # a superset of the nucleus
@@ -98,7 +107,7 @@ def test_kernel_paper_bisection_keeps_theta_low():
 def test_kernel_random_rows(m, r, pp, n, chunk, p, seed):
     x = rows((m, r, pp, n), seed, "softmax")
     ref = select_reference(x, p=p, chunk=chunk)
-    got = threshold_select(x, p=p, chunk=chunk)
+    got = kernel_select(x, p=p, chunk=chunk)
     assert (kept_mass(x, got.mask, chunk) >= p - 1e-5).all()
     assert torch.equal(got.mask, ref.mask)
 
@@ -112,13 +121,13 @@ def test_split_kernel_many_splits_equals_row_kernel_and_reference():
     for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (2,)),
                            (dict(p=0.9, iters=10), (5,)), (dict(p=0.7, chunk=4), (2,))):
         ref = select_reference(x, **kw)
-        row = threshold_select(x, method="row", **kw)
+        row = kernel_select(x, method="row", **kw)
         for splits in all_splits:
-            got = threshold_select(x, block=16, splits=splits, method="split", **kw)
+            got = kernel_select(x, block=16, splits=splits, method="split", **kw)
             assert torch.equal(got.mask, ref.mask), (kw, splits)
             assert torch.equal(got.kept.long(), ref.kept), (kw, splits)
             assert torch.equal(got.theta, row.theta), (kw, splits)
-    z = threshold_select(torch.zeros(1, 1, 1, 40), p=0.5, block=16, method="split")
+    z = kernel_select(torch.zeros(1, 1, 1, 40), p=0.5, block=16, method="split")
     assert z.mask.all() and float(z.theta) == 0.0                 # all-zero row: θ = the max, every key (ties)
 
 
