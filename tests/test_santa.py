@@ -539,3 +539,18 @@ def test_integration_each_layer_samples_with_its_own_kernel_beside_h2o():
     assert torch.isfinite(logits2).all() and seq2.shape == (1, 10)
     assert isinstance(cache2.layers[0].kernel.dynamic, SantaDynamicRuntime)
     assert not isinstance(cache2.layers[1].kernel.dynamic, SantaDynamicRuntime)
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the guard is for compiled GPU kernels; needs a GPU")
+def test_prop_refuses_large_groups_on_the_gpu():
+    """prop with more than PROP_GPU_MAX_GROUP query heads per KV head was biased on an H100
+    (benchmarks/check_santa_groups.py): refused before any work, flash still runs."""
+    from sas.methods.santa_runtime import PROP_GPU_MAX_GROUP
+
+    g = PROP_GPU_MAX_GROUP * 2
+    q, k, v = (torch.randn(1, h, 16, device="cuda") for h in (g, 1, 1))
+    k, v = k[:, :, None].expand(1, 1, 32, 16).contiguous(), v[:, :, None].expand(1, 1, 32, 16).contiguous()
+    with pytest.raises(NotYetSupportedError, match="query heads per KV head"):
+        santa_decode(q, k, v, 32, SantaOptions(n=4, strategy="prop", tile=16), SantaRandom(0))
+    assert santa_decode(q, k, v, 32, SantaOptions(n=4, strategy="flash", tile=16), SantaRandom(0)).out.shape == q.shape

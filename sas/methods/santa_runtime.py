@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sas.errors import KernelError
+from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
                                bernoulli_uniform_shape, check_choice, check_samples, flash_tile_samples,
                                sample_counts, tile_budgets, uniforms_shape)
@@ -131,6 +131,14 @@ def _check_decode(q, k_cache, v_cache, n_keys, mask, static=None) -> None:
                           f"slots")
 
 
+#: prop on a GPU serves at most this many query heads per KV head: with 16 and 64 the compiled
+#: kernels gave a biased estimate on an H100 (2026-11-26, Triton 3.6: z 59 over 2048 seeded
+#: replicates, benchmarks/check_santa_groups.py; draws summed to S, outputs unchecked against
+#: their own draws), while 4 was unbiased (z 2.2) and the CPU interpreter is unbiased at 64.
+#: Not yet found; flash and the torch strategy are unaffected.
+PROP_GPU_MAX_GROUP = 4
+
+
 def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys: int,
                  options: SantaOptions, random: SantaRandom | None = None, *, mask: torch.Tensor | None = None,
                  static: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
@@ -150,6 +158,12 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     static part"). A step whose keys are all static is exact attention (no draws; `uniforms`
     empty); a `static` with no key set is the same as None."""
     _check_decode(q, k_cache, v_cache, n_keys, mask, static)
+    group = q.shape[1] // k_cache.shape[1]
+    if options.strategy == "prop" and q.is_cuda and group > PROP_GPU_MAX_GROUP:
+        raise NotYetSupportedError(
+            f"santa_decode: strategy='prop' on a GPU with {group} query heads per KV head: more than "
+            f"{PROP_GPU_MAX_GROUP} gave a biased estimate on an H100 (a kernel bug not yet found); use "
+            f"strategy='flash' or 'torch' (sample(..., strategy=...)), or group at most {PROP_GPU_MAX_GROUP}")
     random = SantaRandom() if random is None else random
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
