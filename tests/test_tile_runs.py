@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Rect
 from sas.errors import KernelError
 from sas.ir.tile_runs import TileRuns, tile_runs
+import sas.ir.tiles as tiles
 from sas.ir.tiles import classify_boxes, tile_map
 from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns, patterns
@@ -145,12 +146,20 @@ def dense_classes(pattern, q_len, k_len, bm, bn, q_offset) -> np.ndarray:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=patterns(3), q_len=st.integers(1, 90), extra=st.integers(0, 40), bm=st.sampled_from([5, 8, 16, 23]),
        bn=st.sampled_from([3, 8, 16, 31]), max_boxes=st.sampled_from([2, 16, 1 << 20]),
-       max_cells=st.sampled_from([1, 64, 1 << 22]))
-def test_large_tiles_equal_cells(p, q_len, extra, bm, bn, max_boxes, max_cells):
+       max_cells=st.sampled_from([1, 64, 1 << 22]), probe=st.sampled_from([0, 1, 256]))
+def test_large_tiles_equal_cells(p, q_len, extra, bm, bn, max_boxes, max_cells, probe):
     """Against the cells themselves, not `tile_map` (which shares `classify_boxes`): the
     whole-matrix quadtree and the sub-box refinement of UNKNOWN tiles (tiles of up to 23 x 31
     cells, split 4 x 4 down to a few cells) give the classes of the cells; small max_boxes /
-    max_cells force the stack and the chunks."""
+    max_cells force the stack and the chunks, a small probe both ways of settling the rest."""
+    saved, tiles._PROBE = tiles._PROBE, probe
+    try:
+        check_large_tiles(p, q_len, extra, bm, bn, max_boxes, max_cells)
+    finally:
+        tiles._PROBE = saved
+
+
+def check_large_tiles(p, q_len, extra, bm, bn, max_boxes, max_cells):
     k_len = q_len + extra
     runs = tile_runs(p, q_len, k_len, bm, bn, max_boxes=max_boxes)
     want = dense_classes(p, q_len, k_len, bm, bn, extra)

@@ -261,31 +261,49 @@ def classify_boxes(pattern: Pattern, r0: np.ndarray, r1: np.ndarray, c0: np.ndar
     flat = cls.reshape(-1)
     fr0, fr1, fc0, fc1 = (x.reshape(-1)[unk] for x in (r0, r1, c0, c1))
     per = max(1, max_cells // int(((fr1 - fr0 + 1) * (fc1 - fc0 + 1)).max()))
-    for s in range(0, len(unk), per):
+    # Sub-boxes pay off near the boundaries of a pattern; a pattern UNKNOWN all over (a fine
+    # stride, a product the interval pass cannot settle) costs more so than its cells. A probe
+    # of the first boxes decides: when most of them had to be evaluated whole, the rest are too.
+    probe = min(len(unk), _PROBE, per)
+    flat[unk[:probe]], whole = _refine(pattern, fr0[:probe], fr1[:probe], fc0[:probe], fc1[:probe], max_cells)
+    by_cells = 2 * whole > probe
+    for s in range(probe, len(unk), per):
         sl = slice(s, s + per)
-        flat[unk[sl]] = _refine(pattern, fr0[sl], fr1[sl], fc0[sl], fc1[sl], max_cells)
+        if by_cells:
+            flat[unk[sl]] = _evaluate(pattern, fr0[sl], fr1[sl], fc0[sl], fc1[sl], max_cells)
+        else:
+            flat[unk[sl]] = _refine(pattern, fr0[sl], fr1[sl], fc0[sl], fc1[sl], max_cells)[0]
     return cls
+
+
+#: UNKNOWN boxes refined first to choose between sub-boxes and cells for the rest
+_PROBE = 256
 
 
 #: boxes of at most this many cells are settled by evaluating their cells
 _CELL_BOXES = 16
 
 
-def _refine(pattern: Pattern, r0, r1, c0, c1, max_cells: int) -> np.ndarray:
+def _refine(pattern: Pattern, r0, r1, c0, c1, max_cells: int) -> tuple[np.ndarray, int]:
     """Exact classes of boxes (1-D arrays of inclusive bounds) the interval pass left UNKNOWN:
     each is split into up to 4 x 4 sub-boxes and those are classified again, recursively, the
     UNKNOWN ones only, down to a few cells that are evaluated one by one (`_evaluate`). A box
     is PARTIAL as soon as one of its sub-boxes is (the interval pass calls a box PARTIAL only
     when it holds cells on and off) or it has both FULL and EMPTY sub-boxes; FULL (EMPTY) when
     every sub-box is. The same classes as evaluating every cell, for the cost of the cells
-    near the boundaries of the pattern. The sub-boxes of all boxes never hold more cells
-    than the boxes, so `max_cells` cells' worth of boxes bounds the memory."""
+    near the boundaries of the pattern; a box whose UNKNOWN cells splitting does not halve has
+    them evaluated at once (at most about twice the cost of its cells). The sub-boxes of all
+    boxes never hold more cells than the boxes, so `max_cells` cells' worth of boxes bounds the
+    memory. Returns the classes and how many boxes were evaluated whole."""
     n = len(r0)
     seen_full = np.zeros(n, dtype=bool)
     seen_empty = np.zeros(n, dtype=bool)
     mixed = np.zeros(n, dtype=bool)
     own = np.arange(n, dtype=np.int64)
     a0, a1, b0, b1 = r0, r1, c0, c1
+    left = ((r1 - r0 + 1) * (c1 - c0 + 1)).astype(np.float64)   # cells still UNKNOWN per box
+    whole = np.full(n, -1, dtype=np.int8)    # classes of boxes evaluated whole
+    first = True
 
     def note(owner, c):
         mixed[owner[c == PARTIAL]] = True
@@ -315,8 +333,25 @@ def _refine(pattern: Pattern, r0, r1, c0, c1, max_cells: int) -> np.ndarray:
         done = mixed | (seen_full & seen_empty)
         keep = (c == UNKNOWN) & ~done[cown]
         own, a0, a1, b0, b1 = cown[keep], ca0[keep], ca1[keep], cb0[keep], cb1[keep]
+        # A box whose UNKNOWN sub-boxes still hold more than half of its UNKNOWN cells (a fine
+        # stride, a pattern UNKNOWN everywhere) is not helped by splitting: its cells are
+        # evaluated now, so a box costs at most about twice its cells.
+        now = np.bincount(own, weights=((a1 - a0 + 1) * (b1 - b0 + 1)).astype(np.float64), minlength=n)
+        slow = 2 * now[own] > left[own]
+        if slow.any():
+            if first:
+                # the whole box at once (long rows of cells evaluate faster than sub-boxes)
+                o = np.unique(own[slow])
+                whole[o] = _evaluate(pattern, r0[o], r1[o], c0[o], c1[o], max_cells)
+            else:
+                note(own[slow], _evaluate(pattern, a0[slow], a1[slow], b0[slow], b1[slow], max_cells))
+            fast = ~slow
+            own, a0, a1, b0, b1 = own[fast], a0[fast], a1[fast], b0[fast], b1[fast]
+        left = now
+        first = False
     mixed |= seen_full & seen_empty
-    return np.where(mixed, PARTIAL, np.where(seen_full, FULL, EMPTY)).astype(np.int8)
+    out = np.where(mixed, PARTIAL, np.where(seen_full, FULL, EMPTY)).astype(np.int8)
+    return np.where(whole >= 0, whole, out).astype(np.int8), int((whole >= 0).sum())
 
 
 def _evaluate(pattern: Pattern, fr0, fr1, fc0, fc1, max_cells: int) -> np.ndarray:
