@@ -28,7 +28,7 @@ import numpy as np
 from sas.errors import KernelError, PatternError
 from sas.ir.tiles import EMPTY, FULL, PARTIAL, TileMap, check_tile_args, classify_boxes
 from sas.lang.pattern import Pattern
-from sas.limits import check_host_bytes
+from sas.limits import check_host_bytes, host_table_limit
 
 #: Boxes classified per numpy call; bounds the temporaries of one band.
 MAX_BOXES = 1 << 20
@@ -199,14 +199,16 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
     stack: list[tuple[int, np.ndarray, np.ndarray]] = [(side, zero, zero)]
     raw_f: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     raw_p: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    merged_f = merged_p = (np.zeros(0, dtype=np.int64),) * 3
-    leaves = pending = 0
+    done_f: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    done_p: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    leaves = pending = runs = 0
 
     def flush():
-        """Merge the runs found so far (a full tile of a ragged last key block made partial)."""
-        nonlocal merged_f, merged_p, pending
-        rf, af, bf = (_cat([merged_f[i]] + [x[i] for x in raw_f]) for i in range(3))
-        rp, ap, bp = (_cat([merged_p[i]] + [x[i] for x in raw_p]) for i in range(3))
+        """Merge the runs found since the last flush (a full tile of a ragged last key block
+        made partial); runs of different flushes are merged once at the end."""
+        nonlocal pending, runs
+        rf, af, bf = (_cat([x[i] for x in raw_f]) for i in range(3))
+        rp, ap, bp = (_cat([x[i] for x in raw_p]) for i in range(3))
         raw_f.clear()
         raw_p.clear()
         pending = 0
@@ -217,8 +219,14 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
             ap = np.concatenate([ap, np.full(int(cut.sum()), nkb - 1, dtype=np.int64)])
             bp = np.concatenate([bp, np.full(int(cut.sum()), nkb, dtype=np.int64)])
             bf = np.where(cut, nkb - 1, bf)
-        merged_f, merged_p = _merge(rf, af, bf), _merge(rp, ap, bp)
-        runs = len(merged_f[0]) + len(merged_p[0])
+        done_f.append(_merge(rf, af, bf))
+        done_p.append(_merge(rp, ap, bp))
+        runs += len(done_f[-1][0]) + len(done_p[-1][0])
+        if 24 * runs > host_table_limit() and len(done_f) > 1:
+            # runs of one query block found in several flushes may still merge: count exactly
+            for done in (done_f, done_p):
+                done[:] = [_merge(*(_cat([x[i] for x in done]) for i in range(3)))]
+            runs = len(done_f[0][0]) + len(done_p[0][0])
         # about 24 bytes per run until the schedule is assembled
         check_host_bytes(f"the prefill tile schedule of {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles "
                          f"(over {runs} runs of tiles)", 24 * runs,
@@ -265,8 +273,10 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
         if pending > max_boxes:
             flush()
     flush()
-    fp, fr = _csr([tuple(x.astype(np.int32) for x in merged_f)], nqb)
-    pp, pr = _csr([tuple(x.astype(np.int32) for x in merged_p)], nqb)
+    merged_f = done_f[0] if len(done_f) == 1 else _merge(*(_cat([x[i] for x in done_f]) for i in range(3)))
+    merged_p = done_p[0] if len(done_p) == 1 else _merge(*(_cat([x[i] for x in done_p]) for i in range(3)))
+    fp, fr = _csr([merged_f], nqb)
+    pp, pr = _csr([merged_p], nqb)
     return TileRuns(q_len, k_len, q_offset, bm, bn, fp, fr, pp, pr)
 
 
