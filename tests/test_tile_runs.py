@@ -1,6 +1,7 @@
 """Tile schedules as runs (sas.ir.tile_runs): the coarse-to-fine classification equals the dense
 `tile_map` exactly, a prefix of a max_len schedule is a valid schedule of the shorter problem
-(checked cell by cell against the oracle), and long lengths stay small in memory."""
+(checked cell by cell against the oracle), and long lengths stay small in memory; the schedule
+and `classify_boxes` also equal the classes of the cells themselves."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Rect
 from sas.errors import KernelError
 from sas.ir.tile_runs import TileRuns, tile_runs
-from sas.ir.tiles import tile_map
+import sas.ir.tiles as tiles
+from sas.ir.tiles import classify_boxes, tile_map
 from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns, patterns
 
@@ -124,3 +126,52 @@ def test_million_tokens_stay_small():
     for a, b in runs.part_runs[runs.part_ptr[m]:runs.part_ptr[m + 1]]:
         tm_cols |= set(range(a, b))
     assert tm_cols == on_blocks
+
+
+def dense_classes(pattern, q_len, k_len, bm, bn, q_offset) -> np.ndarray:
+    """EMPTY / FULL / PARTIAL of every tile from the cells themselves (no interval pass)."""
+    rows = np.arange(q_offset, q_offset + q_len)[:, None]
+    on = np.asarray(pattern.evaluate(rows, np.arange(k_len)[None, :]), dtype=bool)
+    on = np.broadcast_to(on, (q_len, k_len))
+    nqb, nkb = -(-q_len // bm), -(-k_len // bn)
+    out = np.zeros((nqb, nkb), dtype=np.int8)
+    for m in range(nqb):
+        for n in range(nkb):
+            cells = on[m * bm:(m + 1) * bm, n * bn:(n + 1) * bn]
+            full = cells.all() and (n + 1) * bn <= k_len   # a ragged last key block is never full
+            out[m, n] = 1 if full else 2 if cells.any() else 0
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=patterns(3), q_len=st.integers(1, 90), extra=st.integers(0, 40), bm=st.sampled_from([5, 8, 16, 23]),
+       bn=st.sampled_from([3, 8, 16, 31]), max_boxes=st.sampled_from([2, 16, 1 << 20]),
+       max_cells=st.sampled_from([1, 64, 1 << 22]), probe=st.sampled_from([0, 1, 256]))
+def test_large_tiles_equal_cells(p, q_len, extra, bm, bn, max_boxes, max_cells, probe):
+    """Against the cells themselves, not `tile_map` (which shares `classify_boxes`): the
+    whole-matrix quadtree and the sub-box refinement of UNKNOWN tiles (tiles of up to 23 x 31
+    cells, split 4 x 4 down to a few cells) give the classes of the cells; small max_boxes /
+    max_cells force the stack and the chunks, a small probe both ways of settling the rest."""
+    saved, tiles._PROBE = tiles._PROBE, probe
+    try:
+        check_large_tiles(p, q_len, extra, bm, bn, max_boxes, max_cells)
+    finally:
+        tiles._PROBE = saved
+
+
+def check_large_tiles(p, q_len, extra, bm, bn, max_boxes, max_cells):
+    k_len = q_len + extra
+    runs = tile_runs(p, q_len, k_len, bm, bn, max_boxes=max_boxes)
+    want = dense_classes(p, q_len, k_len, bm, bn, extra)
+    np.testing.assert_array_equal(runs.to_tile_map().classes(), want)
+    nqb, nkb = want.shape
+    m = np.arange(nqb)[:, None]
+    n = np.arange(nkb)[None, :]
+    r0 = np.broadcast_to(extra + m * bm, want.shape)
+    r1 = np.broadcast_to(extra + np.minimum((m + 1) * bm, q_len) - 1, want.shape)
+    c0 = np.broadcast_to(n * bn, want.shape)
+    c1 = np.broadcast_to(np.minimum((n + 1) * bn, k_len) - 1, want.shape)
+    got = classify_boxes(p.restrict(k_len), r0, r1, c0, c1, max_cells=max_cells)
+    if k_len % bn:
+        got[:, -1] = np.where(got[:, -1] == 1, 2, got[:, -1])
+    np.testing.assert_array_equal(got, want)

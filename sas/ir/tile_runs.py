@@ -3,11 +3,13 @@ number of runs rather than by the number of tiles.
 
 `tile_map` classifies every BLOCK_M x BLOCK_N tile of the attention matrix at once: at a million
 tokens and 64 x 64 tiles that is 2^28 tiles and tens of GB of temporaries. `tile_runs` gives the
-same classification (`TileRuns.to_tile_map()` equals `tile_map` exactly) by a quadtree over bands
-of query blocks: a box of tiles the interval pass calls EMPTY or FULL is settled for all its
-tiles at once (a box called full has every in-bounds cell on, so each of its tiles does), and
-only PARTIAL / UNKNOWN boxes are split, down to single tiles, which are refined exactly by
-evaluating their cells (`classify_boxes`). The result is stored as runs of consecutive key
+same classification (`TileRuns.to_tile_map()` equals `tile_map` exactly) by one quadtree over
+the whole matrix: a square box of tiles the interval pass calls EMPTY or FULL is settled for all
+its tiles at once (a box called full has every in-bounds cell on, so each of its tiles does),
+and only PARTIAL / UNKNOWN boxes are split, 4 x 4, down to single tiles, which are settled
+exactly (`classify_boxes`: UNKNOWN tiles by sub-boxes down to a few cells). The work follows the
+boundary of the pattern (a diagonal band: about n / tile boxes a level), not the area of the
+matrix. The result is stored as runs of consecutive key
 blocks per query block (`[start, stop)`), which stays small for the structured patterns sas
 describes (one run of full tiles per row for a causal pattern, a few for a window plus sinks).
 
@@ -26,7 +28,7 @@ import numpy as np
 from sas.errors import KernelError, PatternError
 from sas.ir.tiles import EMPTY, FULL, PARTIAL, TileMap, check_tile_args, classify_boxes
 from sas.lang.pattern import Pattern
-from sas.limits import check_host_bytes
+from sas.limits import check_host_bytes, host_table_limit
 
 #: Boxes classified per numpy call; bounds the temporaries of one band.
 MAX_BOXES = 1 << 20
@@ -183,69 +185,33 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
     # Only indices below the last query / key matter: the same pattern with small numbers.
     pattern = pattern.restrict(max(q_offset + q_len, k_len))
     nqb, nkb = -(-q_len // bm), -(-k_len // bn)
-    # Bands of `top` query blocks; the first boxes of a band are `top` high and `wide` key blocks
-    # wide (powers of _SPLIT, wide >= top). A box that is not settled splits into _SPLIT
-    # columns, and into _SPLIT rows too once it is as high as it is wide, down to single tiles.
-    # A band's finest level holds at most top * nkb tiles.
-    top = 1
-    while top * _SPLIT <= max(1, max_boxes // nkb) and top < nqb:
-        top *= _SPLIT
-    wide = top
-    while -(-nkb // wide) > 1024:
-        wide *= _SPLIT
-    full_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    part_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    leaves = runs = 0
+    # One quadtree over the whole matrix: square boxes of `side` x `side` tiles on a grid of
+    # that pitch (clipped to the matrix), from one box covering it down to single tiles. A box
+    # the interval pass settles (EMPTY / FULL) is done; any other splits into _SPLIT x _SPLIT
+    # children, so the work follows the boundary of the pattern, not the area of the matrix.
+    # Boxes wait on a stack (children on top: depth first), taken `max_boxes / _SPLIT^2` at a
+    # time, so the boxes in memory stay a few `max_boxes` per level whatever the length.
+    side = 1
+    while side < max(nqb, nkb):
+        side *= _SPLIT
+    chunk = max(1, max_boxes // (_SPLIT * _SPLIT))
+    zero = np.zeros(1, dtype=np.int64)
+    stack: list[tuple[int, np.ndarray, np.ndarray]] = [(side, zero, zero)]
+    raw_f: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    raw_p: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    done_f: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    done_p: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    leaves = pending = runs = 0
 
-    def boxes_cells(m0, m1, n0, n1):
-        """Inclusive cell bounds of tile boxes [m0, m1) x [n0, n1) (tile units)."""
-        return (q_offset + m0 * bm, q_offset + np.minimum(m1 * bm, q_len) - 1,
-                n0 * bn, np.minimum(n1 * bn, k_len) - 1)
-
-    for band in range(0, nqb, top):
-        band_end = min(nqb, band + top)
-        rows_f, a_f, b_f, rows_p, a_p = [], [], [], [], []
-        fh, fw = top, wide
-        m0 = np.full(-(-nkb // fw), band, dtype=np.int64)
-        n0 = np.arange(0, nkb, fw, dtype=np.int64)
-        while len(m0):
-            m1 = np.minimum(m0 + fh, band_end)
-            n1 = np.minimum(n0 + fw, nkb)
-            last = fh == 1 and fw == 1
-            cls = np.empty(len(m0), dtype=np.int8)
-            for s in range(0, len(m0), max_boxes):
-                sl = slice(s, s + max_boxes)
-                cls[sl] = classify_boxes(pattern, *boxes_cells(m0[sl], m1[sl], n0[sl], n1[sl]), refine=last)
-            if last:
-                leaves += len(m0)
-                if leaves > MAX_LEAVES:
-                    raise KernelError(
-                        f"tile_runs: {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles has more than "
-                        f"{MAX_LEAVES} tiles that only tile-by-tile classification settles; use larger tiles "
-                        f"or a shorter length")
-            full = cls == FULL
-            # a full box: each of its query blocks gets the run [n0, n1)
-            h = (m1 - m0)[full]
-            rows_f.append(np.repeat(m0[full], h) + np.arange(int(h.sum())) - np.repeat(np.cumsum(h) - h, h))
-            a_f.append(np.repeat(n0[full], h))
-            b_f.append(np.repeat(n1[full], h))
-            if last:
-                part = cls == PARTIAL
-                rows_p.append(m0[part])
-                a_p.append(n0[part])
-                break
-            split = (cls != FULL) & (cls != EMPTY)
-            sh = _SPLIT if fh == fw else 1
-            gh, gw = fh // sh, fw // _SPLIT
-            dm = np.arange(sh, dtype=np.int64) * gh
-            dn = np.arange(_SPLIT, dtype=np.int64) * gw
-            cm = (m0[split][:, None, None] + dm[None, :, None] + 0 * dn[None, None, :]).reshape(-1)
-            cn = (n0[split][:, None, None] + 0 * dm[None, :, None] + dn[None, None, :]).reshape(-1)
-            ok = (cm < band_end) & (cn < nkb)
-            m0, n0, fh, fw = cm[ok], cn[ok], gh, gw
-        rf, af, bf = _cat(rows_f), _cat(a_f), _cat(b_f)
-        rp, ap = _cat(rows_p), _cat(a_p)
-        bp = ap + 1
+    def flush():
+        """Merge the runs found since the last flush (a full tile of a ragged last key block
+        made partial); runs of different flushes are merged once at the end."""
+        nonlocal pending, runs
+        rf, af, bf = (_cat([x[i] for x in raw_f]) for i in range(3))
+        rp, ap, bp = (_cat([x[i] for x in raw_p]) for i in range(3))
+        raw_f.clear()
+        raw_p.clear()
+        pending = 0
         if k_len % bn:
             # a tile of the ragged last key block is never full (its loads need a bounds mask)
             cut = bf == nkb
@@ -253,15 +219,64 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
             ap = np.concatenate([ap, np.full(int(cut.sum()), nkb - 1, dtype=np.int64)])
             bp = np.concatenate([bp, np.full(int(cut.sum()), nkb, dtype=np.int64)])
             bf = np.where(cut, nkb - 1, bf)
-        full_parts.append(_merge(rf, af, bf))
-        part_parts.append(_merge(rp, ap, bp))
-        runs += len(full_parts[-1][0]) + len(part_parts[-1][0])
+        done_f.append(_merge(rf, af, bf))
+        done_p.append(_merge(rp, ap, bp))
+        runs += len(done_f[-1][0]) + len(done_p[-1][0])
+        if 24 * runs > host_table_limit() and len(done_f) > 1:
+            # runs of one query block found in several flushes may still merge: count exactly
+            for done in (done_f, done_p):
+                done[:] = [_merge(*(_cat([x[i] for x in done]) for i in range(3)))]
+            runs = len(done_f[0][0]) + len(done_p[0][0])
         # about 24 bytes per run until the schedule is assembled
         check_host_bytes(f"the prefill tile schedule of {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles "
-                         f"(over {runs} runs of tiles after {band_end} of {nqb} query blocks)", 24 * runs,
+                         f"(over {runs} runs of tiles)", 24 * runs,
                          "use larger tiles (PrefillOptions) or a shorter length")
-    fp, fr = _csr(full_parts, nqb)
-    pp, pr = _csr(part_parts, nqb)
+
+    while stack:
+        s, m0, n0 = stack.pop()
+        last = s == 1
+        take = max_boxes if last else chunk
+        if len(m0) > take:
+            stack.append((s, m0[take:], n0[take:]))
+            m0, n0 = m0[:take], n0[:take]
+        m1 = np.minimum(m0 + s, nqb)
+        n1 = np.minimum(n0 + s, nkb)
+        cls = classify_boxes(pattern, q_offset + m0 * bm, q_offset + np.minimum(m1 * bm, q_len) - 1,
+                             n0 * bn, np.minimum(n1 * bn, k_len) - 1, refine=last)
+        if last:
+            leaves += len(m0)
+            if leaves > MAX_LEAVES:
+                raise KernelError(
+                    f"tile_runs: {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles has more than "
+                    f"{MAX_LEAVES} tiles that only tile-by-tile classification settles; use larger tiles "
+                    f"or a shorter length")
+        full = cls == FULL
+        if full.any():
+            # a full box: each of its query blocks gets the run [n0, n1)
+            h = (m1 - m0)[full]
+            rows = np.repeat(m0[full], h) + np.arange(int(h.sum())) - np.repeat(np.cumsum(h) - h, h)
+            raw_f.append((rows, np.repeat(n0[full], h), np.repeat(n1[full], h)))
+            pending += len(rows)
+        if last:
+            part = cls == PARTIAL
+            raw_p.append((m0[part], n0[part], n0[part] + 1))
+            pending += int(part.sum())
+        else:
+            split = (cls != FULL) & (cls != EMPTY)
+            if split.any():
+                g = s // _SPLIT
+                d = np.arange(_SPLIT, dtype=np.int64) * g
+                cm = (m0[split][:, None, None] + d[None, :, None] + 0 * d[None, None, :]).reshape(-1)
+                cn = (n0[split][:, None, None] + 0 * d[None, :, None] + d[None, None, :]).reshape(-1)
+                ok = (cm < nqb) & (cn < nkb)
+                stack.append((g, cm[ok], cn[ok]))
+        if pending > max_boxes:
+            flush()
+    flush()
+    merged_f = done_f[0] if len(done_f) == 1 else _merge(*(_cat([x[i] for x in done_f]) for i in range(3)))
+    merged_p = done_p[0] if len(done_p) == 1 else _merge(*(_cat([x[i] for x in done_p]) for i in range(3)))
+    fp, fr = _csr([merged_f], nqb)
+    pp, pr = _csr([merged_p], nqb)
     return TileRuns(q_len, k_len, q_offset, bm, bn, fp, fr, pp, pr)
 
 

@@ -4,7 +4,9 @@ are empty, full or partial, in CSR form per query block.
 Classification is exact: a first pass reasons on index intervals per primitive for every tile
 at once (length-independent cost per tile, no cell evaluated), giving EMPTY / FULL / PARTIAL
 when that is certain and UNKNOWN otherwise (e.g. `a * b` of two partial tiles); a second pass
-evaluates the exact oracle `pattern.evaluate` on the UNKNOWN tiles only (vectorized, batched).
+settles the UNKNOWN tiles only: it splits them into sub-boxes for the first pass, recursively,
+and evaluates the exact oracle `pattern.evaluate` on sub-boxes of a few cells (vectorized,
+batched), stopping at a tile once it holds cells on and off.
 So a tile called full has every in-bounds cell on, a tile called empty has none on, and every
 tile holding an on-cell is listed.
 
@@ -245,8 +247,9 @@ def classify_boxes(pattern: Pattern, r0: np.ndarray, r1: np.ndarray, c0: np.ndar
                    refine: bool = True, max_cells: int = 1 << 22) -> np.ndarray:
     """Classes (EMPTY / FULL / PARTIAL, int8) of cell boxes `[r0, r1] x [c0, c1]` (inclusive
     bounds, int64 arrays of one shape, every box non-empty). With `refine` the interval pass's
-    UNKNOWN boxes are settled exactly by evaluating their cells (`max_cells` at a time);
-    without it they are called PARTIAL."""
+    UNKNOWN boxes are settled exactly, by sub-boxes down to a few cells evaluated one by one
+    (`_refine`; `max_cells` cells' worth of boxes at a time); without it they are called
+    PARTIAL."""
     r0, r1, c0, c1 = (np.asarray(x, dtype=np.int64) for x in (r0, r1, c0, c1))
     cls = _classify(pattern, r0, r1, c0, c1)
     cls = np.array(np.broadcast_to(cls, r0.shape), dtype=np.int8)
@@ -257,11 +260,108 @@ def classify_boxes(pattern: Pattern, r0: np.ndarray, r1: np.ndarray, c0: np.ndar
         return cls
     flat = cls.reshape(-1)
     fr0, fr1, fc0, fc1 = (x.reshape(-1)[unk] for x in (r0, r1, c0, c1))
+    per = max(1, max_cells // int(((fr1 - fr0 + 1) * (fc1 - fc0 + 1)).max()))
+    # Sub-boxes pay off near the boundaries of a pattern; a pattern UNKNOWN all over (a fine
+    # stride, a product the interval pass cannot settle) costs more so than its cells. A probe
+    # of the first boxes decides: when most of them had to be evaluated whole, the rest are too.
+    probe = min(len(unk), _PROBE, per)
+    flat[unk[:probe]], whole = _refine(pattern, fr0[:probe], fr1[:probe], fc0[:probe], fc1[:probe], max_cells)
+    by_cells = 2 * whole > probe
+    for s in range(probe, len(unk), per):
+        sl = slice(s, s + per)
+        if by_cells:
+            flat[unk[sl]] = _evaluate(pattern, fr0[sl], fr1[sl], fc0[sl], fc1[sl], max_cells)
+        else:
+            flat[unk[sl]] = _refine(pattern, fr0[sl], fr1[sl], fc0[sl], fc1[sl], max_cells)[0]
+    return cls
+
+
+#: UNKNOWN boxes refined first to choose between sub-boxes and cells for the rest
+_PROBE = 256
+
+
+#: boxes of at most this many cells are settled by evaluating their cells
+_CELL_BOXES = 16
+
+
+def _refine(pattern: Pattern, r0, r1, c0, c1, max_cells: int) -> tuple[np.ndarray, int]:
+    """Exact classes of boxes (1-D arrays of inclusive bounds) the interval pass left UNKNOWN:
+    each is split into up to 4 x 4 sub-boxes and those are classified again, recursively, the
+    UNKNOWN ones only, down to a few cells that are evaluated one by one (`_evaluate`). A box
+    is PARTIAL as soon as one of its sub-boxes is (the interval pass calls a box PARTIAL only
+    when it holds cells on and off) or it has both FULL and EMPTY sub-boxes; FULL (EMPTY) when
+    every sub-box is. The same classes as evaluating every cell, for the cost of the cells
+    near the boundaries of the pattern; a box whose UNKNOWN cells splitting does not halve has
+    them evaluated at once (at most about twice the cost of its cells). The sub-boxes of all
+    boxes never hold more cells than the boxes, so `max_cells` cells' worth of boxes bounds the
+    memory. Returns the classes and how many boxes were evaluated whole."""
+    n = len(r0)
+    seen_full = np.zeros(n, dtype=bool)
+    seen_empty = np.zeros(n, dtype=bool)
+    mixed = np.zeros(n, dtype=bool)
+    own = np.arange(n, dtype=np.int64)
+    a0, a1, b0, b1 = r0, r1, c0, c1
+    left = ((r1 - r0 + 1) * (c1 - c0 + 1)).astype(np.float64)   # cells still UNKNOWN per box
+    whole = np.full(n, -1, dtype=np.int8)    # classes of boxes evaluated whole
+    first = True
+
+    def note(owner, c):
+        mixed[owner[c == PARTIAL]] = True
+        seen_full[owner[c == FULL]] = True
+        seen_empty[owner[c == EMPTY]] = True
+
+    while len(own):
+        small = (a1 - a0 + 1) * (b1 - b0 + 1) <= _CELL_BOXES
+        if small.any():
+            note(own[small], _evaluate(pattern, a0[small], a1[small], b0[small], b1[small], max_cells))
+        big = ~small
+        own, a0, a1, b0, b1 = own[big], a0[big], a1[big], b0[big], b1[big]
+        # 4 x 4 children: rows a0 + k * ceil(h / 4) .., likewise columns; empty ones dropped
+        sh, sw = -(-(a1 - a0 + 1) // 4), -(-(b1 - b0 + 1) // 4)
+        k = np.arange(4, dtype=np.int64)
+        ca0 = (a0[:, None] + k[None, :] * sh[:, None])[:, :, None]
+        cb0 = (b0[:, None] + k[None, :] * sw[:, None])[:, None, :]
+        ca1 = np.minimum(ca0 + sh[:, None, None] - 1, a1[:, None, None])
+        cb1 = np.minimum(cb0 + sw[:, None, None] - 1, b1[:, None, None])
+        shape = (len(own), 4, 4)
+        ca0, ca1, cb0, cb1 = (np.broadcast_to(x, shape).reshape(-1) for x in (ca0, ca1, cb0, cb1))
+        cown = np.broadcast_to(own[:, None, None], shape).reshape(-1)
+        ok = (ca0 <= ca1) & (cb0 <= cb1)
+        cown, ca0, ca1, cb0, cb1 = cown[ok], ca0[ok], ca1[ok], cb0[ok], cb1[ok]
+        c = np.array(np.broadcast_to(_classify(pattern, ca0, ca1, cb0, cb1), ca0.shape), dtype=np.int8)
+        note(cown, c)
+        done = mixed | (seen_full & seen_empty)
+        keep = (c == UNKNOWN) & ~done[cown]
+        own, a0, a1, b0, b1 = cown[keep], ca0[keep], ca1[keep], cb0[keep], cb1[keep]
+        # A box whose UNKNOWN sub-boxes still hold more than half of its UNKNOWN cells (a fine
+        # stride, a pattern UNKNOWN everywhere) is not helped by splitting: its cells are
+        # evaluated now, so a box costs at most about twice its cells.
+        now = np.bincount(own, weights=((a1 - a0 + 1) * (b1 - b0 + 1)).astype(np.float64), minlength=n)
+        slow = 2 * now[own] > left[own]
+        if slow.any():
+            if first:
+                # the whole box at once (long rows of cells evaluate faster than sub-boxes)
+                o = np.unique(own[slow])
+                whole[o] = _evaluate(pattern, r0[o], r1[o], c0[o], c1[o], max_cells)
+            else:
+                note(own[slow], _evaluate(pattern, a0[slow], a1[slow], b0[slow], b1[slow], max_cells))
+            fast = ~slow
+            own, a0, a1, b0, b1 = own[fast], a0[fast], a1[fast], b0[fast], b1[fast]
+        left = now
+        first = False
+    mixed |= seen_full & seen_empty
+    out = np.where(mixed, PARTIAL, np.where(seen_full, FULL, EMPTY)).astype(np.int8)
+    return np.where(whole >= 0, whole, out).astype(np.int8), int((whole >= 0).sum())
+
+
+def _evaluate(pattern: Pattern, fr0, fr1, fc0, fc1, max_cells: int) -> np.ndarray:
+    """Classes of boxes (1-D arrays of inclusive bounds) from evaluating their cells."""
+    out = np.empty(len(fr0), dtype=np.int8)
     h, w = int((fr1 - fr0).max()) + 1, int((fc1 - fc0).max()) + 1
     per = max(1, max_cells // (h * w))
     ar = np.arange(h, dtype=np.int64)
     ac = np.arange(w, dtype=np.int64)
-    for s in range(0, len(unk), per):
+    for s in range(0, len(fr0), per):
         rows = fr0[s:s + per, None] + ar[None, :]                           # [T, h]
         cols = fc0[s:s + per, None] + ac[None, :]                           # [T, w]
         rv = rows <= fr1[s:s + per, None]
@@ -273,8 +373,8 @@ def classify_boxes(pattern: Pattern, r0: np.ndarray, r1: np.ndarray, c0: np.ndar
         valid = rv[:, :, None] & cv[:, None, :]
         anyon = np.any(on & valid, axis=(1, 2))
         allon = np.all(on | ~valid, axis=(1, 2))
-        flat[unk[s:s + per]] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
-    return cls
+        out[s:s + per] = np.where(~anyon, EMPTY, np.where(allon, FULL, PARTIAL))
+    return out
 
 
 def check_tile_args(q_len, k_len, block_m, block_n, q_offset) -> tuple[int, int, int, int, int]:
