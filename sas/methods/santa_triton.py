@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from sas.methods.kascade_triton import _attend_listed
+from sas.methods.partials_triton import merge_step
 
 
 @triton.jit
@@ -229,13 +230,7 @@ def _merge_static(o_d, m_d, l_d, O_S, M_S, L_S, hrow, row_ok, P, D, dims, d_ok):
         l = tl.load(L_S + hrow * P + s, mask=row_ok, other=0.0)
         a = tl.load(O_S + (hrow[:, None].to(tl.int64) * P + s) * D + dims[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        m_new = tl.maximum(m_tot, m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_tot - m_safe)
-        beta = tl.exp2(m - m_safe)
-        l_tot = l_tot * alpha + l * beta
-        acc = acc * alpha[:, None] + a * beta[:, None]
-        m_tot = m_new
+        m_tot, l_tot, acc = merge_step(m_tot, l_tot, acc, m, l, a)
     return acc / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
 
 
