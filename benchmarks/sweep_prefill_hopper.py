@@ -143,6 +143,19 @@ def _fwd_desc(desc_q, desc_k, desc_v, desc_o, FullPtr, FullCols, PartPtr, PartCo
 
 
 @triton.jit
+def _kv_desc(desc_k, desc_v, b, hk, k_row, start_n, RANK4: tl.constexpr, BLOCK_N: tl.constexpr,
+             HEAD_DIM: tl.constexpr):
+    # the K and V tiles at key start_n of KV head (b, hk): 4-D descriptors, or 2-D over the rows
+    if RANK4:
+        k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        k = desc_k.load([k_row + start_n, 0])
+        v = desc_v.load([k_row + start_n, 0])
+    return k, v
+
+
+@triton.jit
 def _desc_item(desc_q, desc_k, desc_v, desc_o, FullPtr, FullCols, PartPtr, PartCols, Order, item, bh,
                H, HKV, N, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                FMA: tl.constexpr, WS: tl.constexpr, POLY: tl.constexpr, RANK4: tl.constexpr,
@@ -189,12 +202,7 @@ def _desc_item(desc_q, desc_k, desc_v, desc_o, FullPtr, FullCols, PartPtr, PartC
             m_i = m_new
         else:
             start_n = tl.load(FullCols + t) * BLOCK_N
-            if RANK4:
-                k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-                v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-            else:
-                k = desc_k.load([k_row + start_n, 0])
-                v = desc_v.load([k_row + start_n, 0])
+            k, v = _kv_desc(desc_k, desc_v, b, hk, k_row, start_n, RANK4, BLOCK_N, HEAD_DIM)
             m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, 0, False, FMA, False, POLY)
     lo = tl.load(PartPtr + blk)
     hi = tl.load(PartPtr + blk + 1)
@@ -202,12 +210,7 @@ def _desc_item(desc_q, desc_k, desc_v, desc_o, FullPtr, FullCols, PartPtr, PartC
     for t in range(lo, hi):
         start_n = tl.load(PartCols + t) * BLOCK_N
         kj = (start_n + tl.arange(0, BLOCK_N))[None, :]
-        if RANK4:
-            k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-            v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        else:
-            k = desc_k.load([k_row + start_n, 0])
-            v = desc_v.load([k_row + start_n, 0])
+        k, v = _kv_desc(desc_k, desc_v, b, hk, k_row, start_n, RANK4, BLOCK_N, HEAD_DIM)
         m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, qi >= kj, True, FMA, False)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if TWEAK & 4:
