@@ -32,10 +32,10 @@ from sas.methods.santa_triton import (santa_flash_kernel, santa_flash_merge_kern
 LOG2E = 1.4426950408889634
 DEFAULT_TILE = {"prop": 256, "flash": 256}
 # prop's global_sys budgets run in the scores kernel's last program per KV head up to this many
-# tiles (128K keys at tile 256: more would cost the scores kernel registers), else in a launch of
-# their own over chunks of BUDGET_CHUNK tiles
-FUSED_BUDGET_TILES = 512
-BUDGET_CHUNK = 1024
+# (query head, tile) pairs (128K keys at tile 256 for 4 heads a group: more would cost the scores
+# kernel registers), else in a launch of their own over chunks of BUDGET_CHUNK_PAIRS pairs
+FUSED_BUDGET_PAIRS = 2048
+BUDGET_CHUNK_PAIRS = 4096
 # prop's score pass on a GPU: about SCORE_PROGRAMS_PER_SM programs per multiprocessor (one
 # wave), each streaming a run of tiles with its K loads pipelined SCORE_STAGES deep; the
 # gather's warps and the drawn keys it compacts at a time (None: by group size). Chosen on an
@@ -131,14 +131,6 @@ def _check_decode(q, k_cache, v_cache, n_keys, mask, static=None) -> None:
                           f"slots")
 
 
-#: prop on a GPU serves at most this many query heads per KV head: with 16 and 64 the compiled
-#: kernels gave a biased estimate on an H100 (2026-11-26, Triton 3.6: z 59 over 2048 seeded
-#: replicates, benchmarks/check_santa_groups.py; draws summed to S, outputs unchecked against
-#: their own draws), while 4 was unbiased (z 2.2) and the CPU interpreter is unbiased at 64.
-#: Not yet found; flash and the torch strategy are unaffected.
-PROP_GPU_MAX_GROUP = 4
-
-
 def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys: int,
                  options: SantaOptions, random: SantaRandom | None = None, *, mask: torch.Tensor | None = None,
                  static: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
@@ -158,12 +150,6 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     static part"). A step whose keys are all static is exact attention (no draws; `uniforms`
     empty); a `static` with no key set is the same as None."""
     _check_decode(q, k_cache, v_cache, n_keys, mask, static)
-    group = q.shape[1] // k_cache.shape[1]
-    if options.strategy == "prop" and q.is_cuda and group > PROP_GPU_MAX_GROUP:
-        raise NotYetSupportedError(
-            f"santa_decode: strategy='prop' on a GPU with {group} query heads per KV head: more than "
-            f"{PROP_GPU_MAX_GROUP} gave a biased estimate on an H100 (a kernel bug not yet found); use "
-            f"strategy='flash' or 'torch' (sample(..., strategy=...)), or group at most {PROP_GPU_MAX_GROUP}")
     random = SantaRandom() if random is None else random
     b, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -397,8 +383,8 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
     """Everything of a prop step that its shapes and options fix: scratch buffers, grids,
     compile-time arguments and launchers (kept, so a step costs little host time)."""
     stream = _stream(dev)
-    knobs = (SCORE_PROGRAMS_PER_SM, SCORE_STAGES, SCORE_WARPS, GATHER_WARPS, GATHER_R, FUSED_BUDGET_TILES,
-             BUDGET_CHUNK)
+    knobs = (SCORE_PROGRAMS_PER_SM, SCORE_STAGES, SCORE_WARPS, GATHER_WARPS, GATHER_R, FUSED_BUDGET_PAIRS,
+             BUDGET_CHUNK_PAIRS)
     key = (dev.type, dev.index, stream, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options.n, options.alloc,
            options.stash, has_mask, return_counts, interp, precision, knobs, compose)
     plan = _PLANS.get(key)
@@ -409,13 +395,13 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
     bufs = _prop_scratch(dev, b * hq, b * hkv, t, block_n, d,
                          torch.float32 if options.stash == "float32" else k_dtype)
     global_sys = options.alloc == "global_sys"
-    fused = global_sys and t <= FUSED_BUDGET_TILES
+    fused = global_sys and gblock * t <= FUSED_BUDGET_PAIRS
     if interp:
         tpp, stages, score_warps = 2, 1, 8 if block_n * block_d >= 16384 else 4   # two tiles a program: tested
     else:
         want = max(1, _sm_count(dev) * SCORE_PROGRAMS_PER_SM // (b * hkv))     # one wave
         tpp = -(-t // min(t, want))
-        stages, score_warps = SCORE_STAGES, SCORE_WARPS
+        stages, score_warps = _score_stages(dev, block_g, block_n, block_d, k_dtype.itemsize), SCORE_WARPS
     scores = _Launch(santa_prop_scores_kernel,
                      dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, HAS_MASK=has_mask, UPCAST=upcast,
                           DOT_PRECISION=precision, BUDGETS=fused, BLOCK_GB=gblock, BLOCK_T=_pow2(t), STAGES=stages,
@@ -423,12 +409,13 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
                      dict(num_warps=score_warps))
     budget = None
     if global_sys and not fused:
-        chunk = min(_pow2(t), BUDGET_CHUNK)
+        chunk = min(_pow2(t), max(1, BUDGET_CHUNK_PAIRS // gblock))
         budget = _Launch(santa_prop_budget_kernel, dict(BLOCK_GB=gblock, BLOCK_T=chunk, ONE_CHUNK=t <= chunk,
                                                         COMPOSE=compose), {})
     gather = _Launch(santa_prop_gather_kernel,
                      dict(BLOCK_G=gblock, BLOCK_N=block_n, BLOCK_D=block_d,
-                          BLOCK_R=GATHER_R or max(2, 32 // gblock), STORE_COUNTS=return_counts, COMPOSE=compose),
+                          BLOCK_R=GATHER_R or (16 if gblock >= 16 else max(2, 32 // gblock)),
+                          STORE_COUNTS=return_counts, COMPOSE=compose),
                      dict(num_warps=GATHER_WARPS or max(2, min(16, gblock * block_n // 512))))
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.pop(next(iter(_PLANS)))
@@ -491,7 +478,29 @@ def _prop_scratch(dev: torch.device, rows: int, kv_rows: int, t: int, block_n: i
                         buf["cnt"])
 
 
+def _score_stages(dev: torch.device, block_g: int, block_n: int, block_d: int, k_size: int) -> int:
+    """SCORE_STAGES, or fewer where the scores kernel's shared memory would not fit: each stage
+    holds a K tile, beside the fp32 scores and the query rows (the footprint Triton 3.6 asks
+    for: 278528 bytes at 64 heads a group, tile 256, head dim 128, bf16, 3 stages)."""
+    limit = _smem_limit(dev)
+    fixed = block_g * block_n * 4 + block_g * block_d * k_size
+    stages = SCORE_STAGES
+    while stages > 1 and stages * block_n * block_d * k_size + fixed > limit:
+        stages -= 1
+    return stages
+
+
 _SM_COUNT: dict[str, int] = {}
+_SMEM: dict[str, int] = {}
+
+
+def _smem_limit(dev: torch.device) -> int:
+    """Shared memory one program may opt in to (bytes)."""
+    key = str(dev)
+    if key not in _SMEM:
+        props = torch.cuda.get_device_properties(dev)
+        _SMEM[key] = getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
+    return _SMEM[key]
 
 
 def _sm_count(dev: torch.device) -> int:

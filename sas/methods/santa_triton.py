@@ -12,7 +12,7 @@ The G query heads of a KV head are the rows of one program (padded to BLOCK_G >=
   m_t and sum l_t, and the stash `u_n = exp2(s_n - m_t)` (STASH [B*Hq, T*BLOCK_N], fp32 or the
   cache dtype). With alloc="global_sys" the last program of a KV head to finish (an atomic
   arrival counter, left at 0) computes the global systematic tile offsets, scales and draws of
-  its G query heads (one uniform per head); past FUSED_BUDGET_TILES tiles
+  its G query heads (one uniform per head); past FUSED_BUDGET_PAIRS (head, tile) pairs
   `santa_prop_budget_kernel` does this as a launch of its own, and largest_remainder budgets
   are computed on the host. `santa_prop_gather_kernel`, grid (B*Hkv, T): counts from the
   stash, the union of the drawn keys compacted (only their V rows are loaded), `sum c V / S`
@@ -319,9 +319,9 @@ def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NC
                              BLOCK_R: tl.constexpr, STORE_COUNTS: tl.constexpr, COMPOSE: tl.constexpr):
     """Counts of tile t for the G heads (rows, BLOCK_G = next power of two >= G) from the stash;
     the union of the drawn keys is compacted BLOCK_R at a time (their V rows are the only ones
-    loaded), sum c V / S is added atomically into the fp32 rows OUT32; the last program of a KV
-    head to finish (atomic counter CNT, reset by it) writes those rows to OUT in its dtype and
-    zeroes them for the next call. With COMPOSE that last program merges the estimate, weighted
+    loaded; `tl.dot` from 16 rows on, BLOCK_R = 16 there), sum c V / S is added atomically into
+    the fp32 rows OUT32; the last program of a KV head to finish (atomic counter CNT, reset by
+    it) writes those rows to OUT in its dtype and zeroes them for the next call. With COMPOSE that last program merges the estimate, weighted
     by the region's exact row sum (MZ, from the budgets), with the P exact static partials
     (O_S, M_S, L_S of `santa_static_partial_kernel`) before writing."""
     bh = tl.program_id(0)
@@ -357,7 +357,12 @@ def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NC
             cc = tl.gather(c, tl.broadcast_to(idx[None, :], [BLOCK_G, BLOCK_R]), axis=1)
             v = tl.load(V + kv_base + (t * BLOCK_N + idx)[:, None] * D + dims[None, :],
                         mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(cc[:, :, None] * v[None, :, :], axis=1)
+            if BLOCK_G >= 16:
+                # a dot: Triton 3.6 compiled the broadcast product summed over the drawn keys wrongly
+                # for 16+ rows on an H100 (a biased estimate, benchmarks/check_santa_groups.py)
+                acc += tl.dot(cc, v, input_precision="ieee")
+            else:                           # fewer rows than a dot takes: exact on the GPU (1e-7)
+                acc += tl.sum(cc[:, :, None] * v[None, :, :], axis=1)
         tl.atomic_add(OUT32 + hrow[:, None] * D + dims[None, :], acc * inv_samples,
                       mask=(row_ok & (draws > 0))[:, None] & d_ok[None, :], sem="relaxed")
     tl.debug_barrier()                       # every thread's adds before the release
