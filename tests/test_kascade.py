@@ -27,13 +27,15 @@ from sas.methods.kascade_dynamic import anchor_pattern, kascade_layer, reuse_pat
 from sas.methods.kascade_runtime import KascadeRuntime
 from sas.methods.kascade_state import KascadeStateError, load_state, make_state
 
+from helpers.attention import DEV
+
 BUDGET = Fraction(0.25, 16)        # small enough that tiles 1.. are sparse at N = 160
 RT = KascadeRuntime(block_n=32, block_m=32)
 
 
 def inputs(b=1, hq=6, hkv=2, n=160, d=32, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*s, generator=g).to(dtype) for s in ((b, hq, n, d), (b, hkv, n, d), (b, hkv, n, d)))
+    return tuple(torch.randn(*s, generator=g).to(DEV, dtype) for s in ((b, hq, n, d), (b, hkv, n, d), (b, hkv, n, d)))
 
 
 def sdpa_causal(q, k, v):
@@ -93,7 +95,7 @@ def test_prefill_tile_selection_is_topk_before_the_tile():
             assert bool((idx[:, :, t, :c] < 32 * t).all())
     # a tile's score sums its rows and G heads: rows of tile 1 are queries 32..63
     p = torch.softmax((torch.einsum("bhid,bhjd->bhij", q.double(), k.double().repeat_interleave(2, 1)) * 0.25)
-                      .masked_fill(torch.ones(100, 100, dtype=torch.bool).triu(1), float("-inf")), -1)
+                      .masked_fill(torch.ones(100, 100, dtype=torch.bool, device=DEV).triu(1), float("-inf")), -1)
     torch.testing.assert_close(pooled[0, 1, 1], p[0, 2:4, 32:64].sum(dim=(0, 1)))
 
 

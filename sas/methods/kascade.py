@@ -212,7 +212,8 @@ def select_prefill(pooled: torch.Tensor, tile: int, budget: Fraction) -> tuple[t
     kmax = max(max(counts), 1) if counts else 1
     start = torch.arange(nt, device=pooled.device)[:, None] * tile
     cand = pooled.masked_fill(torch.arange(n, device=pooled.device)[None, :] >= start, float("-inf"))
-    idx = topk_sorted(cand, kmax) if kmax <= n else torch.zeros(b, hkv, nt, kmax, dtype=torch.int64)
+    idx = topk_sorted(cand, kmax) if kmax <= n else torch.zeros(b, hkv, nt, kmax, dtype=torch.int64,
+                                                                   device=pooled.device)
     keep = torch.arange(kmax, device=pooled.device)[None, :] < torch.tensor(counts, device=pooled.device)[:, None]
     return idx.masked_fill(~keep, 0), counts
 
@@ -236,9 +237,9 @@ def prefill_mask(idx: torch.Tensor, counts: Sequence[int], n: int, tile: int,
 
 def decode_mask(idx: torch.Tensor, count: int, n: int, head_map: Sequence[int]) -> torch.Tensor:
     """[B, Hkv, N] bool: the first `count` entries of the head-mapped decode set."""
-    hm = torch.as_tensor(list(head_map))
+    hm = torch.as_tensor(list(head_map), device=idx.device)
     src = idx[:, hm, :count]
-    mask = torch.zeros(idx.shape[0], len(head_map), n, dtype=torch.bool)
+    mask = torch.zeros(idx.shape[0], len(head_map), n, dtype=torch.bool, device=idx.device)
     return mask.scatter_(2, src, True)
 
 
