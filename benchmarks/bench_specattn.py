@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sas import Causal, Dynamic, ops  # noqa: E402
-from sas.methods.threshold_triton import threshold_select  # noqa: E402
+import sas.methods.threshold_triton as threshold_triton  # noqa: E402
+from sas.methods.threshold_triton import RESIDENT_MAX_ENTRIES, threshold_select  # noqa: E402
 from sas.runtime.kernel import SASAttnKernel  # noqa: E402
 
 
@@ -124,11 +125,33 @@ def selection_rows(sizes, device, reps, p=0.95):
                 tiles[f"{blk}x{warps}"] = bench(lambda: threshold_select(x4, p=p, block=blk, num_warps=warps,
                                                                          method="split"), reps)
             best_split = min([t_sp, *tiles.values()])
+            # the resident kernel (the row in registers, one launch): exact and paper-10 on rows that
+            # fit it, chunk-16 everywhere up to 256K keys
+            fits = n <= RESIDENT_MAX_ENTRIES
+            res = {}
+            if fits:
+                rx = threshold_select(x4, p=p, method="resident")
+                res["mismatches"] = int((ref != rx.mask).sum())
+                res["equals_row"] = bool(torch.equal(rx.mask, got.mask))
+                res["paper10_equals_row"] = bool(torch.equal(
+                    threshold_select(x4, p=p, iters=10, method="resident").mask,
+                    threshold_select(x4, p=p, iters=10, method="row").mask))
+                res["exact_ms"] = bench(lambda: threshold_select(x4, p=p, method="resident"), reps)
+                res["paper10_ms"] = bench(lambda: threshold_select(x4, p=p, iters=10, method="resident"), reps)
+            res["chunk16_equals_split"] = bool(torch.equal(threshold_select(x4, p=p, chunk=16, method="resident").mask,
+                                                           threshold_select(x4, p=p, chunk=16, method="split").mask))
+            res["chunk16_ms"] = bench(lambda: threshold_select(x4, p=p, chunk=16, method="resident"), reps)
             graph = {"sort": bench_graph(lambda: torch_topp(x, p), reps),
                      "row_exact": bench_graph(lambda: threshold_select(x4, p=p, method="row"), reps),
                      "split_exact": bench_graph(lambda: threshold_select(x4, p=p, method="split"), reps),
                      "split_paper10": bench_graph(lambda: threshold_select(x4, p=p, iters=10, method="split"), reps),
-                     "split_chunk16": bench_graph(lambda: threshold_select(x4, p=p, chunk=16, method="split"), reps)}
+                     "split_chunk16": bench_graph(lambda: threshold_select(x4, p=p, chunk=16, method="split"), reps),
+                     "resident_chunk16": bench_graph(lambda: threshold_select(x4, p=p, chunk=16, method="resident"),
+                                                     reps)}
+            if fits:
+                graph["resident_exact"] = bench_graph(lambda: threshold_select(x4, p=p, method="resident"), reps)
+                graph["resident_paper10"] = bench_graph(lambda: threshold_select(x4, p=p, iters=10, method="resident"),
+                                                        reps)
             rows.append(dict(n=n, sort_ms=t_sort, exact_ms=t_ex, paper10_ms=t_paper, split_ms=t_sp,
                              split_paper10_ms=t_sp_paper, split_chunk16_ms=t_c16, split_tiles_ms=tiles,
                              speedup_exact=t_sort / t_ex, speedup_paper10=t_sort / t_paper,
@@ -136,12 +159,12 @@ def selection_rows(sizes, device, reps, p=0.95):
                              speedup_split_paper10=t_sort / t_sp_paper, mask_mismatches=mism,
                              split_mask_mismatches=mism_split, split_tile_mask_mismatches=tile_mism, split_equals_row=same,
                              split_paper_equals_row=same_paper, kept_frac=float(split.mask.float().mean()),
-                             graph_ms=graph))
+                             graph_ms=graph, resident=res))
             print(f"select N={n}: sort {t_sort:.3f} ms | row: exact {t_ex:.3f} ms ({t_sort / t_ex:.2f}x), paper-10 "
                   f"{t_paper:.3f} ms ({t_sort / t_paper:.2f}x) | split: exact {t_sp:.3f} ms ({t_sort / t_sp:.2f}x), "
                   f"paper-10 {t_sp_paper:.3f} ms ({t_sort / t_sp_paper:.2f}x), chunk16 {t_c16:.3f} ms, "
                   f"{', '.join(f'{k}: {v:.3f} ms' for k, v in tiles.items())} | mismatches vs sort: row {mism}, "
-                  f"split {mism_split}; split == row: {same}, paper {same_paper}", flush=True)
+                  f"split {mism_split}; split == row: {same}, paper {same_paper} | resident {res}", flush=True)
         except Exception as e:   # one size failing must not lose the others
             traceback.print_exc()
             rows.append(dict(n=n, error=f"{type(e).__name__}: {e}"))
@@ -186,11 +209,17 @@ def verify_rows(sizes, device, reps, p=0.95, gamma=4):
             err = float((out.float() - ref).abs().max())
             t_spec = bench(step, reps)
             t_dense = bench(dense, reps)
+            keep = threshold_triton.RESIDENT_MAX_ENTRIES         # the same step with the row kernel selecting
+            threshold_triton.RESIDENT_MAX_ENTRIES = 0
+            try:
+                t_row = bench(step, reps)
+            finally:
+                threshold_triton.RESIDENT_MAX_ENTRIES = keep
             floor_gb = 2 * hkv * (n + gamma) * d * 2 * (1 - skipped) / 1e9
             rows.append(dict(n=n, spec_ms=t_spec, sdpa_ms=t_dense, speedup=t_dense / t_spec, loads_skipped=skipped,
-                             max_err=err, kv_gb_loaded=floor_gb))
+                             max_err=err, kv_gb_loaded=floor_gb, spec_row_ms=t_row))
             print(f"verify N={n}: specattn step {t_spec:.3f} ms (selection + gather attention), dense SDPA "
-                  f"{t_dense:.3f} ms ({t_dense / t_spec:.2f}x); KV loads skipped {skipped:.1%}; max err {err:.2e}",
+                  f"{t_dense:.3f} ms ({t_dense / t_spec:.2f}x); with the row kernel {t_row:.3f} ms; KV loads skipped {skipped:.1%}; max err {err:.2e}",
                   flush=True)
         except Exception as e:
             traceback.print_exc()
@@ -238,13 +267,31 @@ def main() -> None:
                          f"{fmt(g['split_exact'])} | {ratio(g['sort'], g['split_exact'])} | {fmt(g['split_paper10'])} | "
                          f"{ratio(g['sort'], g['split_paper10'])} | {fmt(g['split_chunk16'])} | "
                          f"{ratio(g['sort'], g['split_chunk16'])} |")
-    lines += ["", "| keys | SpecAttn step ms | dense SDPA ms | x | KV loads skipped |", "|---|---|---|---|---|"]
+    lines += ["", "Resident kernel (ms; x = torch.sort top-p / kernel; eager: CUDA events around the host "
+              "launches, graph: both replayed):", "",
+              "| keys | exact | x | paper-10 | x | chunk-16 | x | graph: exact | x | paper-10 | x | chunk-16 | x | "
+              "mismatches vs sort | exact == row | paper-10 == row | chunk-16 == split |", "|" + "---|" * 17]
+    for r in sel:
+        if "resident" not in r:
+            continue
+        q, g = r["resident"], r["graph_ms"]
+        get = lambda d, k: d.get(k)  # noqa: E731
+        lines.append(f"| {r['n']} | {fmt(get(q, 'exact_ms'))} | {ratio(r['sort_ms'], get(q, 'exact_ms'))} | "
+                     f"{fmt(get(q, 'paper10_ms'))} | {ratio(r['sort_ms'], get(q, 'paper10_ms'))} | "
+                     f"{fmt(q['chunk16_ms'])} | {ratio(r['sort_ms'], q['chunk16_ms'])} | "
+                     f"{fmt(get(g, 'resident_exact'))} | {ratio(g['sort'], get(g, 'resident_exact'))} | "
+                     f"{fmt(get(g, 'resident_paper10'))} | {ratio(g['sort'], get(g, 'resident_paper10'))} | "
+                     f"{fmt(g['resident_chunk16'])} | {ratio(g['sort'], g['resident_chunk16'])} | "
+                     f"{q.get('mismatches', '-')} | {q.get('equals_row', '-')} | {q.get('paper10_equals_row', '-')} | "
+                     f"{q['chunk16_equals_split']} |")
+    lines += ["", "| keys | SpecAttn step ms | dense SDPA ms | x | step with the row kernel ms | KV loads skipped |",
+              "|---|---|---|---|---|---|"]
     for r in ver:
         if "error" in r:
             lines.append(f"| {r['n']} | error: {r['error']} |")
         else:
             lines.append(f"| {r['n']} | {r['spec_ms']:.3f} | {r['sdpa_ms']:.3f} | {r['speedup']:.2f} | "
-                         f"{r['loads_skipped']:.1%} |")
+                         f"{fmt(r.get('spec_row_ms'))} | {r['loads_skipped']:.1%} |")
     table = "\n".join(lines)
     out = os.environ.get("OUT")
     if out:

@@ -56,7 +56,8 @@ def test_reference_ties_kept_and_p1_keeps_all():
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("chunk,method", [(1, "split"), (16, "split"), (1, "row"), (16, "row")])
+@pytest.mark.parametrize("chunk,method", [(1, "split"), (16, "split"), (1, "row"), (16, "row"), (1, "resident"),
+                                          (16, "resident")])
 def test_kernel_equals_sorted_reference_topp(chunk, method):
     x = rows((2, 2, 2, 70), chunk, "softmax")
     for p in (0.6, 0.95):
@@ -68,7 +69,7 @@ def test_kernel_equals_sorted_reference_topp(chunk, method):
 
 
 @pytest.mark.kernels
-def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the row kernel at these sizes)
+def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the resident kernel at these sizes)
     x = rows((2, 1, 1, 23), 5, "peaked")
     for p, chunk in ((0.9, 5), (1.0, 1)):
         assert torch.equal(kernel_select(x, p=p, chunk=chunk).mask, select_reference(x, p=p, chunk=chunk).mask)
@@ -76,20 +77,22 @@ def test_kernel_odd_chunk_peaked_rows_and_p1():  # default method (auto: the row
 
 
 @pytest.mark.kernels
-def test_kernel_topk_equals_torch_topk_and_signed_scores():
+@pytest.mark.parametrize("method", ["resident", "row"])
+def test_kernel_topk_equals_torch_topk_and_signed_scores(method):
     x = torch.randn(2, 1, 1, 40, generator=torch.Generator().manual_seed(3))      # negative values too
     for k in (1, 7, 200):
-        got = kernel_select(x, k=k).mask
+        got = kernel_select(x, k=k, method=method).mask
         want = torch.zeros(2, 40, dtype=torch.bool)
         want.scatter_(1, torch.topk(x[:, 0, 0], min(k, 40), dim=-1).indices, True)
         assert torch.equal(got, want)
 
 
 @pytest.mark.kernels
-def test_kernel_paper_bisection_keeps_theta_low():
+@pytest.mark.parametrize("method", ["resident", "row"])
+def test_kernel_paper_bisection_keeps_theta_low(method):
     x = rows((3, 1, 1, 64), 4, "softmax")
     ref = select_reference(x, p=0.9, iters=10)
-    got = kernel_select(x, p=0.9, iters=10)
+    got = kernel_select(x, p=0.9, iters=10, method=method)
     assert torch.equal(got.mask, ref.mask)
     exact = select_reference(x, p=0.9).mask
     assert (got.mask | ~exact).all()                        # a superset of the nucleus
@@ -103,11 +106,11 @@ def test_kernel_paper_bisection_keeps_theta_low():
 @pytest.mark.kernels
 @settings(max_examples=4)
 @given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 2), st.integers(1, 60), st.sampled_from([1, 16]),
-       st.floats(0.05, 0.99), st.integers(0, 10_000))
-def test_kernel_random_rows(m, r, pp, n, chunk, p, seed):
+       st.floats(0.05, 0.99), st.integers(0, 10_000), st.sampled_from(["resident", "row"]))
+def test_kernel_random_rows(m, r, pp, n, chunk, p, seed, method):
     x = rows((m, r, pp, n), seed, "softmax")
     ref = select_reference(x, p=p, chunk=chunk)
-    got = kernel_select(x, p=p, chunk=chunk)
+    got = kernel_select(x, p=p, chunk=chunk, method=method)
     assert (kept_mass(x, got.mask, chunk) >= p - 1e-5).all()
     assert torch.equal(got.mask, ref.mask)
 
@@ -115,13 +118,16 @@ def test_kernel_random_rows(m, r, pp, n, chunk, p, seed):
 @pytest.mark.kernels
 def test_split_kernel_many_splits_equals_row_kernel_and_reference():
     """Rows split over 2 or 5 programs of 16-entry tiles (the last split short): every request kind
-    gives the reference's set and the row kernel's set and threshold."""
+    gives the reference's set and the row kernel's set and threshold; so does the resident kernel's
+    binary search."""
     x = rows((1, 2, 2, 75), 11, "softmax")
     x[0, 1, 0, 3] = -0.5                                       # a negative score (zero mass)
     for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (2,)),
                            (dict(p=0.9, iters=10), (5,)), (dict(p=0.7, chunk=4), (2,))):
         ref = select_reference(x, **kw)
         row = kernel_select(x, method="row", **kw)
+        res = kernel_select(x, method="resident", **kw)
+        assert torch.equal(res.mask, ref.mask) and torch.equal(res.theta, row.theta), kw
         for splits in all_splits:
             got = kernel_select(x, block=16, splits=splits, method="split", **kw)
             assert torch.equal(got.mask, ref.mask), (kw, splits)
@@ -129,6 +135,22 @@ def test_split_kernel_many_splits_equals_row_kernel_and_reference():
             assert torch.equal(got.theta, row.theta), (kw, splits)
     z = kernel_select(torch.zeros(1, 1, 1, 40), p=0.5, block=16, method="split")
     assert z.mask.all() and float(z.theta) == 0.0                 # all-zero row: θ = the max, every key (ties)
+    z = kernel_select(torch.zeros(1, 1, 1, 40), p=0.5, method="resident")
+    assert z.mask.all() and float(z.theta) == 0.0
+
+
+@pytest.mark.kernels
+def test_resident_kernel_long_peaked_rows():
+    """Rows of a few thousand entries (several warps' worth; pooled, chunked, unioned) and a row
+    of one entry: the resident kernel gives the reference's set."""
+    x = rows((2, 2, 2, 3000), 13, "peaked")
+    for kw in (dict(p=0.95), dict(p=0.5, chunk=16), dict(k=100), dict(p=0.9, iters=12)):
+        ref = select_reference(x, **kw)
+        got = kernel_select(x, method="resident", **kw)
+        assert torch.equal(got.mask, ref.mask), kw
+        assert torch.equal(got.kept.long(), ref.kept), kw
+    one = kernel_select(torch.full((1, 1, 1, 1), 0.25), p=0.3, method="resident")
+    assert one.mask.tolist() == [[True]] and float(one.theta) == 0.25
 
 
 @pytest.mark.parametrize("rows_, nc, block, splits", [(128, 8192, 256, None), (1, 100, 16, None), (4, 75, 16, 5),
@@ -167,6 +189,16 @@ def test_bad_requests(kwargs):
 def test_bad_kernel_options(kwargs):
     with pytest.raises(KernelError):
         threshold_select(torch.rand(1, 1, 1, 8), p=0.5, **kwargs)
+
+
+def test_resident_refuses_rows_longer_than_its_registers():
+    from sas.methods.threshold_triton import RESIDENT_MAX_ENTRIES
+
+    long_row = torch.rand(1, 1, 1, RESIDENT_MAX_ENTRIES + 1, device=DEV)
+    with pytest.raises(KernelError, match="at most 131072 entries"):
+        threshold_select(long_row, p=0.5, method="resident")
+    # chunked, the same row fits
+    assert threshold_select(long_row, p=0.5, chunk=2, method="resident").mask.shape == (1, RESIDENT_MAX_ENTRIES // 2 + 1)
 
 
 def test_bad_scores():

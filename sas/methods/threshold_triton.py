@@ -27,11 +27,15 @@ from sas.errors import KernelError
 from sas.methods.threshold import Selection, check_request, check_scores
 
 BLOCK_C = 256
-#: `threshold_select` methods: rows split over many programs, one program per row, or `auto`
-METHODS = ("auto", "split", "row")
+#: `threshold_select` methods: the row held in registers, rows split over many programs, one
+#: program per row streaming its row, or `auto`
+METHODS = ("auto", "resident", "split", "row")
 #: `auto` splits rows of at least this many entries (H100, 128 rows: the split kernel's ~10
-#: launches cost more than they save below 32K entries; docs/specattn.md)
+#: launches cost more than they save below 32K entries; docs/specattn.md); below, rows that fit
+#: the resident kernel (RESIDENT_MAX_ENTRIES) take it
 SPLIT_MIN_ENTRIES = 32768
+#: rows of at most this many entries fit the resident kernel (32 warps, 128 entries a thread)
+RESIDENT_MAX_ENTRIES = 131072
 
 
 @triton.jit
@@ -133,11 +137,14 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     (fp32 / fp16 / bf16; any strides with a unit key stride) -> `Selection` with mask [M, Nc]
     bool, theta [M, R] float32, kept [M, R] int32.
 
-    `method="split"`: each row split over `splits` programs (default: about 2048 programs in
-    all), one launch per search pass (`sas.methods.threshold_split_triton`); `method="row"`:
-    one program per row (`threshold_select_kernel`); `method="auto"` (default): split when a
-    row has at least `SPLIT_MIN_ENTRIES` entries. Same search, same set up to fp32 summation
-    order of the mass at the p boundary."""
+    `method="resident"`: one program per row holding the row in registers, a binary search
+    with one block reduction a step (`sas.methods.threshold_resident_triton`; rows of at most
+    `RESIDENT_MAX_ENTRIES` entries after chunking); `method="split"`: each row split over
+    `splits` programs (default: about 2048 programs in all), one launch per search pass
+    (`sas.methods.threshold_split_triton`); `method="row"`: one program per row streaming it
+    (`threshold_select_kernel`); `method="auto"` (default): resident up to
+    `RESIDENT_MAX_ENTRIES` entries, split from `SPLIT_MIN_ENTRIES`, row between. Same θ in exact
+    arithmetic, same set up to fp32 summation order of the mass at the p boundary."""
     where = "threshold_select"
     p, k, chunk, iters = check_request(p, k, chunk, iters, where)
     scores = check_scores(scores, where)
@@ -151,12 +158,19 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
         scores = scores.contiguous()
     m, r, pp, n = scores.shape
     nc = -(-n // chunk)
+    if method == "resident" and nc > RESIDENT_MAX_ENTRIES:
+        raise KernelError(f"{where}: method='resident' holds a row of at most {RESIDENT_MAX_ENTRIES} entries "
+                          f"(after chunking) in registers, got {nc}; use method='split', 'row' or 'auto'")
     mask = torch.empty(m, r, nc, dtype=torch.int8, device=scores.device)
     theta = torch.empty(m, r, dtype=torch.float32, device=scores.device)
     kept = torch.empty(m, r, dtype=torch.int32, device=scores.device)
     blk = max(16, min(block, triton.next_power_of_2(nc)))
     count = k is not None or p == 1.0          # p = 1 keeps every entry: the count predicate with k = Nc
     value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
+    if method == "resident" or (method == "auto" and nc <= RESIDENT_MAX_ENTRIES):
+        from sas.methods.threshold_resident_triton import run_resident
+        mask, theta, kept = run_resident(scores, value, count, None if count else iters, chunk)
+        return Selection(mask.bool().any(1), theta, kept)
     if method == "split" or (method == "auto" and nc >= SPLIT_MIN_ENTRIES):
         from sas.methods.threshold_split_triton import run_split
         mask, theta, kept = run_split(scores, value, count, None if count else iters, chunk, blk, num_warps, splits)
@@ -168,4 +182,5 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     return Selection(mask.bool().any(1), theta, kept)
 
 
-__all__ = ["BLOCK_C", "METHODS", "SPLIT_MIN_ENTRIES", "threshold_select", "threshold_select_kernel"]
+__all__ = ["BLOCK_C", "METHODS", "RESIDENT_MAX_ENTRIES", "SPLIT_MIN_ENTRIES", "threshold_select",
+           "threshold_select_kernel"]
