@@ -10,6 +10,7 @@ STAMP := $(VENV)/.installed
 PIN := $(shell command -v taskset >/dev/null 2>&1 && echo taskset -c 0)
 BENCH_ARGS ?= --markdown
 # Test processes (pytest-xdist): one per core; `make test TEST_WORKERS=0` runs in one process.
+# --dist loadgroup keeps the tests that load the real model on one worker (tests/conftest.py).
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: setup demo test wheel-smoke bench-analysis clean
@@ -34,7 +35,7 @@ demo: $(STAMP)
 	$(BIN)/sas generate examples/streaming_llm.py "Write one sentence about memory." --max-new-tokens 32
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 wheel-smoke: $(STAMP)
 	VENV_PYTHON=$(abspath $(BIN))/python .ci/wheel-smoke

@@ -63,6 +63,19 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") 
 settings.load_profile(PROFILE)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests of every module that loads the real SmolLM2 (`model_fixtures.smollm2`) form one
+    xdist group (run with `--dist loadgroup`, as `make test` does): one worker converts and
+    loads the model while the others run kernel tests, instead of each worker loading it and
+    waiting on the conversion lock."""
+    import model_fixtures
+
+    for item in items:
+        module = getattr(item, "module", None)
+        if getattr(module, "smollm2", None) is model_fixtures.smollm2:
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     where = "Triton interpreter (CPU)" if os.environ.get("TRITON_INTERPRET") == "1" else "GPU"
     return f"hypothesis profile: {PROFILE}; kernels: {where}"

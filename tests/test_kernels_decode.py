@@ -62,9 +62,9 @@ def test_table1_decode_matches_prefill_rows(name, splits):
 def test_decode_option_variants(opts):
     p = TABLE1_KERNELS["openai_fixed"]
     kern = SASAttnKernel(p, max_len=64, prefill_options=PO, decode_options=opts, num_splits=3)
-    assert prefill_then_decode(kern, p, B=2, Hq=2, Hkv=2, L=64, P=50) < TOL[torch.float32]
+    assert prefill_then_decode(kern, p, B=2, Hq=2, Hkv=2, L=64, P=55) < TOL[torch.float32]
     kern = SASAttnKernel(p, max_len=64, prefill_options=PO, decode_options=opts)
-    assert prefill_then_decode(kern, p, B=1, Hq=4, Hkv=2, L=64, P=56) < TOL[torch.float32]
+    assert prefill_then_decode(kern, p, B=1, Hq=4, Hkv=2, L=64, P=59) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -133,7 +133,7 @@ def test_santa_decode_static_mask_matches_the_reference(monkeypatch, strategy, a
 # --- (2) unbiased against exact attention over the whole pattern -------------------------------------------
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("strategy,reps", [("prop", 2048), ("flash", 256), ("torch", 4096)])
+@pytest.mark.parametrize("strategy,reps", [("prop", 1024), ("flash", 128), ("torch", 4096)])
 def test_composed_estimate_is_unbiased(strategy, reps):
     """`reps` independent estimates in one launch (replicates are query heads with the same
     query, each with its own uniform, 64 per KV head, every KV head with the same keys: a group

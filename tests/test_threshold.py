@@ -120,8 +120,8 @@ def test_split_kernel_many_splits_equals_row_kernel_and_reference():
     """Rows split over 2 or 5 programs of 16-entry tiles (the last split short): every request kind
     gives the reference's set and the row kernel's set and threshold; so does the resident kernel's
     binary search."""
-    x = rows((1, 2, 2, 75), 11, "softmax")
-    x[0, 1, 0, 3] = -0.5                                       # a negative score (zero mass)
+    x = rows((1, 1, 2, 75), 11, "softmax")
+    x[0, 0, 1, 3] = -0.5                                       # a negative pooled score (zero mass)
     for kw, all_splits in ((dict(p=0.8), (2, 5)), (dict(k=6), (5,)), (dict(p=1.0), (2,)),
                            (dict(p=0.9, iters=10), (5,)), (dict(p=0.7, chunk=4), (2,))):
         ref = select_reference(x, **kw)
