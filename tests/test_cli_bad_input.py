@@ -19,6 +19,12 @@ import sas.cli.main as main
 from sas.cli.main import MAX_LEN, cli
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _subprocess_env() -> dict[str, str]:
+    """This repository first on the child's path, then whatever the caller's PYTHONPATH holds
+    (dependencies installed beside the interpreter's own site-packages)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 EXAMPLES = ROOT / "examples"
 OK = "from sas import Causal, Diag, Rect\npattern = (Diag(0, 4) + Rect(cols=(0, 1))) * Causal()\n"
 MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8\xff", ".jpeg": b"\xff\xd8\xff", ".pdf": b"%PDF-"}
@@ -122,7 +128,7 @@ def test_errors_in_a_real_process_are_one_line(tmp_path):
     for args in (["inspect", "r.py"], ["inspect", "r.py", "--max-len", "1" + "0" * 30],
                  ["compile", str(EXAMPLES / "sliding_window.py"), "-o", "k", "--head-dim", "x"]):
         p = subprocess.run([sys.executable, "-m", "sas.cli.main", *args], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                           cwd=tmp_path, timeout=120, env=_subprocess_env())
         assert p.returncode == 2 and p.stdout == "", (args, p.stdout, p.stderr)
         assert len(p.stderr.splitlines()) == 1 and p.stderr.startswith("error: "), p.stderr
 
@@ -225,7 +231,7 @@ def test_json_stays_json_when_the_script_prints(tmp_path):
     (tmp_path / "p.py").write_text(PRINTS)
     p = subprocess.run([sys.executable, "-m", "sas.cli.main", "inspect", "p.py", "--json", "--max-len", "64"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=_subprocess_env())
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["cache_size"] == 4
     assert "python-level print" in p.stderr and "fd-level write" in p.stderr

@@ -28,6 +28,7 @@ from sas.evaluation.text import corpus_tokens
 from sas.integrations.transformers import SASCache, output_cache, sas_attention
 from sas.models import ModelShape
 
+from helpers.attention import DEV
 from model_fixtures import smollm2, tiny_llama
 
 WINDOW = Diag(0, 64)
@@ -91,7 +92,7 @@ def test_window_h2o_prefill_is_its_region_and_decode_evicts():
     interpreter on the CPU, too slow for 30 layers). Its prefill attends the whole region
     (docs/dynamic.md), so prefill-mode perplexity is dense's; decode steps keep the window +
     budget only, so decode-mode perplexity differs."""
-    model = tiny_llama()
+    model = tiny_llama() if DEV == "cpu" else copy.deepcopy(tiny_llama()).to(DEV)   # the kernels run where it is
     _, tok = smollm2()
     pre = evaluate_patterns(model, tok, [EvalPattern("h2o", WINDOW_H2O)], [160], depths=(0.5,), progress=False)
     dec = evaluate_patterns(model, tok, [EvalPattern("h2o", WINDOW_H2O)], [160], depths=(), mode="decode",

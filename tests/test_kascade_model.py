@@ -19,6 +19,7 @@ from sas.methods.kascade_calibrate import calibrate
 from sas.methods.kascade_dynamic import anchor_pattern
 from sas.methods.kascade_state import load_state
 
+from helpers.attention import DEV
 from model_fixtures import smollm2
 
 LAYERS = 6
@@ -58,12 +59,13 @@ def test_triton_path_matches_the_torch_reference_through_generate(small):
     ids = ids_of(small[1], 44)
     outs = {}
     for backend in ("torch", "triton"):
-        m = fresh(small)
+        m = fresh(small).to(DEV)                     # the kernels run where the model is (a GPU, or the interpreter)
         kascade_attention(m, anchors=[0, 3], head_map=[[0, 1, 2]] * 3 + [[2, 2, 0]] * 3, frac=0.1, min_keys=16,
                           backend=backend, torch_dtype=torch.float64)
         with torch.no_grad():
-            outs[backend] = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
-                                       output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+            outs[backend] = m.generate(ids.to(DEV), attention_mask=torch.ones_like(ids, device=DEV), max_new_tokens=2,
+                                       do_sample=False, output_logits=True, return_dict_in_generate=True,
+                                       pad_token_id=0)
         assert m._sas_kascade_steps.steps == 2      # one store per forward: prefill + 1 decode step
     assert torch.equal(outs["torch"].sequences, outs["triton"].sequences)
     for a, b in zip(outs["torch"].logits, outs["triton"].logits):

@@ -97,7 +97,8 @@ def test_unpacked_wheel_reads_its_own_data(built, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(built["wheel"]).extractall(site)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SAS_TEMPLATE_DIR")}
-    env["PYTHONPATH"] = str(site)
+    # the unpacked wheel first; entries the caller had (where dependencies may live) after it
+    env["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, "-c", SMOKE, str(ROOT / "examples" / "streaming_llm.sas")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
