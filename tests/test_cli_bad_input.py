@@ -25,6 +25,8 @@ def _subprocess_env() -> dict[str, str]:
     """This repository first on the child's path, then whatever the caller's PYTHONPATH holds
     (dependencies installed beside the interpreter's own site-packages)."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
 EXAMPLES = ROOT / "examples"
 OK = "from sas import Causal, Diag, Rect\npattern = (Diag(0, 4) + Rect(cols=(0, 1))) * Causal()\n"
 MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8\xff", ".jpeg": b"\xff\xd8\xff", ".pdf": b"%PDF-"}
