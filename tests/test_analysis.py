@@ -211,6 +211,20 @@ def test_random_event_simulation_trace(p, n):
         _trace_matches_functions(a, n)
 
 
+def test_prefix_keys_kept_to_the_end_share_their_events():
+    """The keys of a prefix that every later row attends (a prefix-LM block, attention sinks)
+    differ only in where their periodic part starts; they share one set of events, whatever the
+    prefix length (before: a few per key, 87 events here, 262K and ~5 s for a 65536-key prefix
+    at 2^20), and the event trace still equals mask_func."""
+    a = analyze((Rect(cols=(0, 24)) + Diag(0, 4)) * Causal(), 72)
+    assert [e.describe() for e in a.events[:3]] == ["store    j in [0, 24): i = j", "active   j in [0, 24): i >= j",
+                                                   "evict    j in [0, 24): end of sequence"]
+    assert len(a.events) == 6
+    _trace_matches_functions(a, 72)
+    big = analyze((Rect(cols=(0, 65536)) + Diag(0, 1024)) * Causal(), 2**20)
+    assert len(big.events) == 6 and big.cache_size == 65536 + 1024
+
+
 @pytest.mark.parametrize("name", sorted(TABLE1))
 def test_text_and_python_front_ends_give_identical_analysis(name):
     from sas.lang.loader import load_pattern

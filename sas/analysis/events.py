@@ -77,9 +77,11 @@ class CacheEvent:
             rng = "i = j"
         elif self.kind == "evict":
             rng = "end of sequence" if self.lo is None else f"i = {self.lo.text()}"
+        elif self.repeat and self.hi.anchor == self.lo.anchor and self.hi.value - self.lo.value == self.repeat:
+            rng = f"i >= {self.lo.text()}"          # a range recurring with its own length: every row from lo on
         else:
             rng = f"i in [{self.lo.text()}, {self.hi.text()})"
-        rep = f", every {self.repeat} rows" if self.repeat else ""
+        rep = f", every {self.repeat} rows" if self.repeat and not rng.startswith("i >=") else ""
         if self.every:
             rep += f", {self.every[1]} row(s) of every {self.every[0]} (inactive between)"
         anchor = "; j0 = first key of the period" if "j0" in rng else ""
@@ -128,7 +130,19 @@ def _segment_all_equal(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarra
 def _borders(cols: ColumnShapes) -> _Borders:
     S = cols.n_shapes
     rs, a, b = cols.run_shape, cols.start, cols.stop
-    fv, D = cols.forever[rs], cols.D[rs]
+    # A forever column whose last run covers its whole period [D, D + Q) is attended without a
+    # gap from that run's start to the end: its periodic part may start there (D' = that start,
+    # one tail run [D', D' + Q)). Columns that differ only in where D falls (the keys of a
+    # prefix, each attended to the end) then have the same borders and share their events.
+    D_shape = cols.D.copy()
+    counts = np.diff(cols.ptr)
+    has = np.flatnonzero(cols.forever & (counts > 0))
+    last = cols.ptr[has + 1] - 1
+    whole = (b[last] == cols.D[has] + cols.Q) & (a[last] <= cols.D[has])
+    D_shape[has[whole]] = a[last[whole]]
+    b = b.copy()
+    b[last[whole]] = a[last[whole]] + cols.Q
+    fv, D = cols.forever[rs], D_shape[rs]
     # head pieces: the runs (clipped to [0, D) for forever columns); tail pieces: the runs in [D, D + Q)
     hb = np.where(fv, np.minimum(b, D), b)
     hk = hb > a
@@ -165,7 +179,7 @@ def _borders(cols: ColumnShapes) -> _Borders:
     count = np.bincount(shape, minlength=S)
     ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     n_head = np.where(every, 2, 2 * nh)
-    return _Borders(cols.ever_used, cols.forever, n_head, 2 * nt, np.where(cols.forever, cols.D, -1),
+    return _Borders(cols.ever_used, cols.forever, n_head, 2 * nt, np.where(cols.forever, D_shape, -1),
                     np.where(every, every_p, 0), np.where(every, every_w, 0), ptr, dist[order])
 
 
