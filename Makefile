@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(BIN)/sas generate examples/streaming_llm.py "Write one sentence about memory." --max-new-tokens 32
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadgroup)
 
 wheel-smoke: $(STAMP)
 	VENV_PYTHON=$(abspath $(BIN))/python .ci/wheel-smoke

@@ -68,11 +68,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     xdist group (run with `--dist loadgroup`, as `make test` does): one worker converts and
     loads the model while the others run kernel tests, instead of each worker loading it and
     waiting on the conversion lock."""
-    import model_fixtures
+    import sys
 
+    model_fixtures = sys.modules.get("model_fixtures")      # imported by the modules that use it, if any
+    if model_fixtures is None or not config.pluginmanager.hasplugin("xdist"):
+        return
+    loader = model_fixtures.smollm2
     for item in items:
         module = getattr(item, "module", None)
-        if getattr(module, "smollm2", None) is model_fixtures.smollm2:
+        if module is not None and any(v is loader for v in vars(module).values()):
             item.add_marker(pytest.mark.xdist_group("smollm2"))
 
 

@@ -144,13 +144,23 @@ def test_resident_kernel_long_peaked_rows():
     """Rows of a few thousand entries (several warps' worth; pooled, chunked, unioned) and a row
     of one entry: the resident kernel gives the reference's set."""
     x = rows((2, 2, 2, 3000), 13, "peaked")
-    for kw in (dict(p=0.95), dict(p=0.5, chunk=16), dict(k=100), dict(p=0.9, iters=12)):
+    for kw in (dict(p=0.95), dict(p=0.5, chunk=16), dict(k=100), dict(p=0.9, iters=12), dict(p=0.5, chunk=5000)):
         ref = select_reference(x, **kw)
         got = kernel_select(x, method="resident", **kw)
         assert torch.equal(got.mask, ref.mask), kw
         assert torch.equal(got.kept.long(), ref.kept), kw
     one = kernel_select(torch.full((1, 1, 1, 1), 0.25), p=0.3, method="resident")
     assert one.mask.tolist() == [[True]] and float(one.theta) == 0.25
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("method", ["resident", "row"])
+def test_negative_zero_ties_with_zero(method):
+    """-0.0 == 0.0: the k-th largest value's ties include both zeros (the row read as it is
+    by the resident kernel once ordered -0.0 below 0.0)."""
+    x = torch.tensor([[[[-0.0, 0.0, -1.0, -0.0]]]])
+    for kw in (dict(k=1), dict(k=2), dict(p=0.5), dict(p=0.5, iters=5)):
+        assert torch.equal(kernel_select(x, method=method, **kw).mask, select_reference(x, **kw).mask), kw
 
 
 @pytest.mark.parametrize("rows_, nc, block, splits", [(128, 8192, 256, None), (1, 100, 16, None), (4, 75, 16, 5),

@@ -130,13 +130,15 @@ def _segment_all_equal(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarra
 def _borders(cols: ColumnShapes) -> _Borders:
     S = cols.n_shapes
     rs, a, b = cols.run_shape, cols.start, cols.stop
-    # A forever column whose last run covers its whole period [D, D + Q) is attended without a
-    # gap from that run's start to the end: its periodic part may start there (D' = that start,
-    # one tail run [D', D' + Q)). Columns that differ only in where D falls (the keys of a
-    # prefix, each attended to the end) then have the same borders and share their events.
+    # A forever boundary column whose last run covers its whole period [D, D + Q) is attended
+    # without a gap from that run's start to the end: its periodic part may start there (D' =
+    # that start, one tail run [D', D' + Q)). Boundary keys that differ only in where D falls
+    # (D = T - j: the keys of a prefix, each attended to the end) then have the same borders and
+    # share their events. Interior classes keep their common D (one D for all of them is what
+    # lets `_merge_interior` join classes).
     D_shape = cols.D.copy()
     counts = np.diff(cols.ptr)
-    has = np.flatnonzero(cols.forever & (counts > 0))
+    has = np.flatnonzero(cols.forever[:cols.T] & (counts[:cols.T] > 0))
     last = cols.ptr[has + 1] - 1
     whole = (b[last] == cols.D[has] + cols.Q) & (a[last] <= cols.D[has])
     D_shape[has[whole]] = a[last[whole]]

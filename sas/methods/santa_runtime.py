@@ -414,7 +414,7 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
                                                         COMPOSE=compose), {})
     gather = _Launch(santa_prop_gather_kernel,
                      dict(BLOCK_G=gblock, BLOCK_N=block_n, BLOCK_D=block_d,
-                          BLOCK_R=GATHER_R or (16 if gblock >= 16 else max(2, 32 // gblock)),
+                          BLOCK_R=(max(16, GATHER_R or 16) if gblock >= 16 else GATHER_R or max(2, 32 // gblock)),
                           STORE_COUNTS=return_counts, COMPOSE=compose),
                      dict(num_warps=GATHER_WARPS or max(2, min(16, gblock * block_n // 512))))
     if len(_PLANS) >= _PLANS_MAX:
@@ -499,7 +499,7 @@ def _smem_limit(dev: torch.device) -> int:
     key = str(dev)
     if key not in _SMEM:
         props = torch.cuda.get_device_properties(dev)
-        _SMEM[key] = getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
+        _SMEM[key] = getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024   # unknown: small GPUs' limit
     return _SMEM[key]
 
 

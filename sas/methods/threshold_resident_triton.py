@@ -26,8 +26,9 @@ import triton.language as tl
 
 from sas.methods.threshold_triton import RESIDENT_MAX_ENTRIES, _keys, _pooled
 
-#: entries per pooling program
+#: entries per pooling program, and the most scores one program sums at once (entries x chunk)
 POOL_BLOCK = 256
+POOL_TILE = 65536
 
 
 @triton.jit
@@ -62,6 +63,7 @@ def resident_select_kernel(Y, MASK, THETA, KEPT, R, NC, STRIDE_M, STRIDE_R, VALU
     okc = cs < NC
     base = (row // R).to(tl.int64) * STRIDE_M + (row % R) * STRIDE_R
     y = tl.load(Y + base + cs, mask=okc, other=0.0).to(tl.float32)
+    y = tl.where(y == 0.0, 0.0, y)          # -0.0 is 0.0, as in the reference (and the pooling kernels' 0.0 + x)
     if COUNT:
         target = tl.minimum(VALUE, NC * 1.0)
     else:
@@ -119,9 +121,11 @@ def run_resident(scores: torch.Tensor, value: float, count: bool, iters: int | N
         y, strides = scores, (scores.stride(0), scores.stride(1))
     else:
         y = torch.empty(rows, nc, dtype=torch.float32, device=dev)
-        pool_kernel[(rows, triton.cdiv(nc, POOL_BLOCK))](
+        chunk_p2 = triton.next_power_of_2(chunk)
+        blk = max(1, min(POOL_BLOCK, triton.next_power_of_2(nc), POOL_TILE // chunk_p2))   # [blk, chunk_p2] tiles
+        pool_kernel[(rows, triton.cdiv(nc, blk))](
             scores, y, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2), CHUNK=chunk,
-            CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=POOL_BLOCK)
+            CHUNK_P2=chunk_p2, BLOCK=blk)
         strides = (r * nc, nc)
     mask = torch.empty(m, r, nc, dtype=torch.int8, device=dev)
     theta = torch.empty(m, r, dtype=torch.float32, device=dev)
@@ -133,5 +137,5 @@ def run_resident(scores: torch.Tensor, value: float, count: bool, iters: int | N
     return mask, theta, kept
 
 
-__all__ = ["ENTRIES_PER_THREAD", "POOL_BLOCK", "pool_kernel", "resident_select_kernel", "resident_warps",
+__all__ = ["ENTRIES_PER_THREAD", "POOL_BLOCK", "POOL_TILE", "pool_kernel", "resident_select_kernel", "resident_warps",
            "run_resident"]

@@ -30,9 +30,10 @@ BLOCK_C = 256
 #: `threshold_select` methods: the row held in registers, rows split over many programs, one
 #: program per row streaming its row, or `auto`
 METHODS = ("auto", "resident", "split", "row")
-#: `auto` splits rows of at least this many entries (H100, 128 rows: the split kernel's ~10
-#: launches cost more than they save below 32K entries; docs/specattn.md); below, rows that fit
-#: the resident kernel (RESIDENT_MAX_ENTRIES) take it
+#: `auto` splits rows of at least this many entries that the resident kernel does not take (H100,
+#: 128 rows: the split kernel's ~10 launches cost more than they save below 32K entries against
+#: the row kernel; docs/specattn.md); with RESIDENT_MAX_ENTRIES above it, `auto` never takes
+#: the row kernel
 SPLIT_MIN_ENTRIES = 32768
 #: rows of at most this many entries fit the resident kernel (32 warps, 128 entries a thread)
 RESIDENT_MAX_ENTRIES = 131072
@@ -143,8 +144,11 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     `splits` programs (default: about 2048 programs in all), one launch per search pass
     (`sas.methods.threshold_split_triton`); `method="row"`: one program per row streaming it
     (`threshold_select_kernel`); `method="auto"` (default): resident up to
-    `RESIDENT_MAX_ENTRIES` entries, split from `SPLIT_MIN_ENTRIES`, row between. Same θ in exact
-    arithmetic, same set up to fp32 summation order of the mass at the p boundary."""
+    `RESIDENT_MAX_ENTRIES` entries, else split from `SPLIT_MIN_ENTRIES` and row below (the row
+    kernel is reached only where RESIDENT_MAX_ENTRIES is lowered below SPLIT_MIN_ENTRIES).
+    `block` and `num_warps` apply to the row and split kernels (the resident kernel sizes
+    itself). Same θ in exact arithmetic, same set up to fp32 summation order of the mass at the
+    p boundary."""
     where = "threshold_select"
     p, k, chunk, iters = check_request(p, k, chunk, iters, where)
     scores = check_scores(scores, where)
