@@ -554,3 +554,24 @@ def test_prop_large_groups_sum_their_own_draws(hq):
     ref, rc = prop_reference(q.cpu(), k.cpu(), v.cpu(), 24, res.uniforms.cpu(), tile=16)
     assert (res.counts.cpu() != rc).sum() <= 2
     torch.testing.assert_close(res.out.cpu(), estimate(res.counts.cpu(), v.cpu(), 24).float(), atol=1e-4, rtol=1e-4)
+
+
+def test_launch_hooks_of_any_triton():
+    """The direct-launch path of the prop kernels runs only when no launch hook is set; Triton
+    3.6+ holds an empty `HookChain` there (never None), which must count as no hook."""
+    from sas.methods.santa_runtime import _no_hook
+
+    class Chain:                       # the shape of triton.knobs.HookChain
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert _no_hook(None) and _no_hook(Chain([]))
+    assert not _no_hook(Chain([print])) and not _no_hook(print)
+    try:
+        from triton.knobs import HookChain
+    except ImportError:                # an older Triton: None is its empty hook
+        return
+    chain = HookChain()
+    assert _no_hook(chain)
+    chain.add(print)
+    assert not _no_hook(chain)

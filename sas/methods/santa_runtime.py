@@ -331,6 +331,12 @@ except ImportError:          # pragma: no cover - an older Triton: every launch 
 FAST_LAUNCH = True
 
 
+def _no_hook(hook: Any) -> bool:
+    """No launch hook set: None (older Triton) or an empty `HookChain` (Triton 3.6+, where the
+    knob is never None: testing `is None` alone kept every launch on the slow path)."""
+    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
+
+
 class _Launch:
     """Launches one `@triton.jit` kernel with fixed compile-time arguments. The first launch of
     each specialization goes through Triton (`kernel[grid](...)`, which compiles or finds the
@@ -350,7 +356,7 @@ class _Launch:
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: tuple, dev: torch.device) -> None:
         ck = self.compiled.get(key) if FAST_LAUNCH else None
-        if ck is not None and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None:
+        if ck is not None and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook):
             stream = _stream(dev)
             ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args,
                    *self.tail)
