@@ -3,7 +3,9 @@ that sas shipped before the C++ printer was added: the generated prefill and dec
 of the Table-1 patterns and of 53 hypothesis-drawn causal compositions hash as recorded in
 tests/data/triton_lowering_golden.json (captured from the pre-refactor lower_triton.py; the prefill
 hashes re-captured on 2026-11-26 after the prefill template changed (TMA loads, folded scale),
-with the printers unchanged: every decode hash still matched)."""
+with the printers unchanged: every decode hash still matched; the decode hashes re-captured the
+same day after the decode template's host code changed (direct launches), once every decode
+hash of the previous template had been checked to match again)."""
 
 from __future__ import annotations
 

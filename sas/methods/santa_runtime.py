@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import triton
 
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
@@ -328,7 +329,8 @@ try:
     from triton.runtime import driver as _driver
 except ImportError:          # pragma: no cover - an older Triton: every launch takes the ordinary path
     _knobs = _driver = None
-FAST_LAUNCH = True
+#: direct launches only with the Triton whose launcher signature they were checked against
+FAST_LAUNCH = tuple(int(x) for x in triton.__version__.split(".")[:2]) == (3, 6)
 
 
 def _no_hook(hook: Any) -> bool:
