@@ -266,3 +266,31 @@ def test_decode_shape_errors():
         kern(tok(), tok(), tok(), pk, None)
     with pytest.raises(KernelError, match="past_v"):
         kern(tok(), tok(), tok(), pk, pv[:, :, :3], position=9)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="direct launches run compiled kernels on a GPU (the interpreter always binds)")
+@pytest.mark.parametrize("name", ["streaming_llm", "openai_fixed"])
+def test_direct_launches_equal_bound_launches_and_capture_in_a_graph(name):
+    """After the first launch of a specialization the generated decode module calls the compiled
+    kernels directly: the same output bit for bit, and the step still captures in a CUDA graph."""
+    p = TABLE1_KERNELS[name]
+    kern = SASAttnKernel(p, max_len=72, prefill_options=PO, decode_options=DO, num_splits=3)
+    q, k, v = qkv(2, 4, 2, 72, 64, dtype=torch.bfloat16, device=DEV, seed=3)
+    kc, vc = kern.new_cache(2, 2, 64, torch.bfloat16, DEV)
+    kern.fill_cache(k[:, :, :60], v[:, :, :60], kc, vc)
+    q1, k1, v1 = q[:, :, 60:61], k[:, :, 60:61], v[:, :, 60:61]
+    outs = [kern(q1, k1, v1, kc.clone(), vc.clone(), position=60) for _ in range(3)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    kc2, vc2 = kc.clone(), vc.clone()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        gout = kern(q1, k1, v1, kc2, vc2, position=60)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    kc2.copy_(kc)
+    vc2.copy_(vc)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, outs[0])
