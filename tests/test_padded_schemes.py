@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from analysis_checks import brute_cache_size, decode_with_functions
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import causal_patterns
 
@@ -57,8 +57,7 @@ def test_long_lengths_are_no_longer_refused() -> None:
 @given(causal_patterns(max_depth=4), st.integers(1, 80))
 def test_random_padded_schemes_decode_the_mask(p, n: int) -> None:
     mask = p.to_mask(n)
-    if not mask.any():
-        return
+    assume(mask.any())                       # an empty pattern caches nothing
     ANALYZE.TABLE_LIMIT, saved = 0, ANALYZE.TABLE_LIMIT
     try:
         a = analyze(p, n)
