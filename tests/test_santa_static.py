@@ -19,6 +19,7 @@ from sas.methods.santa_runtime import SantaOptions, santa_decode
 from sas.runtime.kernel import SASAttnKernel
 
 from helpers.attention import assert_repeatable
+from helpers.santa import replicate_problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 STRATEGIES = ["prop", "flash", "torch"]
@@ -140,28 +141,17 @@ def test_composed_estimate_is_unbiased(strategy, reps):
     of thousands of query heads would not fit a GPU's shared memory): the per-coordinate mean is within 5
     standard errors (measured variance: systematic has no closed form) of exact attention over
     static + region. Seeded: the outcome is a fixed function of the code."""
-    g = torch.Generator().manual_seed(11)
-    slots, d = 40, 16
-    q = torch.randn(1, 1, d, generator=g) * 1.5
-    k, v = torch.randn(1, 1, slots, d, generator=g), torch.randn(1, 1, slots, d, generator=g)
-    mask = torch.ones(slots, dtype=torch.bool)
-    mask[[5, 20]] = False
-    static = torch.zeros(slots, dtype=torch.bool)
-    static[[0, 1, 33, 34, 35, 36, 37, 38, 39]] = True
-    s = (k[0, 0].double() @ q[0, 0].double()) / d ** 0.5
-    exact = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v[0, 0].double()
-    hkv = reps // 64
-    res = santa_decode(q.expand(1, reps, d).to(DEV), k.expand(1, hkv, slots, d).contiguous().to(DEV),
-                       v.expand(1, hkv, slots, d).contiguous().to(DEV), slots,
-                       SantaOptions(n=4, strategy=strategy, tile=16), SantaRandom(5), mask=mask.to(DEV),
-                       static=static)
+    pr = replicate_problem()
+    q, k, v = pr.replicates(reps, 64, DEV)
+    res = santa_decode(q, k, v, k.shape[2], SantaOptions(n=4, strategy=strategy, tile=16), SantaRandom(5),
+                       mask=pr.mask.to(DEV), static=pr.static)
     est = res.out[0].cpu().double()
     se = (est.var(0) / reps).sqrt()
     assert se.min() > 1e-3                   # the test has power: the estimates do vary
-    z = (est.mean(0) - exact) / se
+    z = (est.mean(0) - pr.exact) / se
     assert z.abs().max() < 5, z
     # the weights matter: the static part alone, or the sampled part alone, is far off
-    st_only = torch.softmax(s.masked_fill(~(mask & static), float("-inf")), -1) @ v[0, 0].double()
+    st_only = torch.softmax(pr.scores.masked_fill(~(pr.mask & pr.static), float("-inf")), -1) @ pr.v[0, 0].double()
     assert ((est.mean(0) - st_only) / se).abs().max() > 20
 
 

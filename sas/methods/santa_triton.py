@@ -321,9 +321,10 @@ def santa_prop_gather_kernel(STASH, INV, OFF, ST, V, OUT32, OUT, CNT, COUNTS, NC
     the union of the drawn keys is compacted BLOCK_R at a time (their V rows are the only ones
     loaded; `tl.dot` from 16 rows on, BLOCK_R = 16 there), sum c V / S is added atomically into
     the fp32 rows OUT32; the last program of a KV head to finish (atomic counter CNT, reset by
-    it) writes those rows to OUT in its dtype and zeroes them for the next call. With COMPOSE that last program merges the estimate, weighted
-    by the region's exact row sum (MZ, from the budgets), with the P exact static partials
-    (O_S, M_S, L_S of `santa_static_partial_kernel`) before writing."""
+    it) writes those rows to OUT in its dtype and zeroes them for the next call. With COMPOSE
+    that last program merges the estimate, weighted by the region's exact row sum (MZ, from the
+    budgets), with the P exact static partials (O_S, M_S, L_S of `santa_static_partial_kernel`)
+    before writing."""
     bh = tl.program_id(0)
     t = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
