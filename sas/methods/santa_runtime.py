@@ -498,24 +498,24 @@ def _score_stages(dev: torch.device, block_g: int, block_n: int, block_d: int, k
     return stages
 
 
-_SM_COUNT: dict[str, int] = {}
-_SMEM: dict[str, int] = {}
+_PROPS: dict[str, Any] = {}
+
+
+def _props(dev: torch.device) -> Any:
+    """The device's properties, read once per device."""
+    key = str(dev)
+    if key not in _PROPS:
+        _PROPS[key] = torch.cuda.get_device_properties(dev)
+    return _PROPS[key]
 
 
 def _smem_limit(dev: torch.device) -> int:
     """Shared memory one program may opt in to (bytes)."""
-    key = str(dev)
-    if key not in _SMEM:
-        props = torch.cuda.get_device_properties(dev)
-        _SMEM[key] = getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024   # unknown: small GPUs' limit
-    return _SMEM[key]
+    return getattr(_props(dev), "shared_memory_per_block_optin", 0) or 99 * 1024   # unknown: small GPUs' limit
 
 
 def _sm_count(dev: torch.device) -> int:
-    key = str(dev)
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(dev).multi_processor_count
-    return _SM_COUNT[key]
+    return _props(dev).multi_processor_count
 
 
 _DUMMIES: dict[tuple, torch.Tensor] = {}
