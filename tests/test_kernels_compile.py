@@ -132,7 +132,7 @@ def test_compile_dynamic_pattern_runs_standalone(tmp_path, refresh):
     rt = host.Runtime(ddec, sdec, torch.load(out / "plan.pt")["dynamic"])
 
     g = torch.Generator().manual_seed(4)
-    N, P = 24, 12
+    N, P = 20, 12
     q = torch.randn(2, 4, N, 16, generator=g).to(DEV)
     k = torch.randn(2, 2, N, 16, generator=g).to(DEV)
     v = torch.randn(2, 2, N, 16, generator=g).to(DEV)
