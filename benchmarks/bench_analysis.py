@@ -102,6 +102,11 @@ HARD = {
                                                     + Rect(cols=(0, 4))) * Causal(),
     "chunked attention B=65536 + window 1024": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
                                                         + Diag(0, 1024)) * Causal(),
+    "chunks of 8192 + chunks of 3000 (period 3072000)": lambda: ((Rect(size=(8192, 8192)) >> Diag(0, 1))
+                                                             + (Rect(size=(3000, 3000)) >> Diag(0, 1))) * Causal(),
+    "chunks of 65536 + chunks of 65535 (period 2^32 - 2^16)": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
+                                                                  + (Rect(size=(65535, 65535)) >> Diag(0, 1)))
+                                                                 * Causal(),
     "two-scale block-local with strides": lambda: ((Rect(size=(64, 64)) >> Diag(0, 2))
                                                    + (Rect(size=(16, 16)) >> Diag(0, 4)) * Rect(stride=(1, 2)))
                                                   * Causal(),

@@ -211,7 +211,7 @@ def causal_within(pattern: Pattern, n: int) -> bool:
     Decided from the pattern's periodic structure when it has one (length-independent, no table);
     otherwise, or when the first acausal cell lies beyond n, from the runs of the columns above
     the diagonal (`sas.analysis.per_token.non_causal_cell`: O(n) memory, any length)."""
-    st = structure(pattern)
+    st = structure(pattern).within(n)
     if st.periodic:
         bad = upper_triangle_clear(pattern, st)
         if bad is None:

@@ -233,3 +233,43 @@ def test_text_and_python_front_ends_give_identical_analysis(name):
         assert (a.cache_size, a.scheme, a.source) == (b.cache_size, b.scheme, b.source)
         assert [e.describe() for e in a.events] == [e.describe() for e in b.events]
         assert [g.describe() for g in a.groups] == [g.describe() for g in b.groups]
+
+
+def test_period_longer_than_the_sequence_is_read_up_to_max_len():
+    """Two chunk sizes have the least common multiple as their period (60 here, 3072000 for
+    chunks of 8192 and 3000): past max_len no key repeats, so the analysis reads max_len
+    columns instead of T + P and says so; cache size, slots and events stay exact."""
+    p = ((Rect(size=(12, 12)) >> Diag(0, 1)) + (Rect(size=(5, 5)) >> Diag(0, 1))) * Causal()
+    for n in (7, 48, 59):
+        a = analyze(p, n)
+        mask = p.to_mask(n)
+        assert any("longer than max_len" in note for note in a.notes)
+        assert a.cache_size == brute_cache_size(mask)
+        assert (a.last_use(np.arange(n)) == brute_last_use(mask)).all()
+        decode_with_functions(a, mask)
+        _trace_matches_functions(a, n)
+    assert not any("longer than max_len" in note for note in analyze(p, 60).notes)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 24), st.integers(2, 24), st.integers(0, 3), st.integers(1, 90))
+def test_random_chunk_sums_with_long_periods(b1, b2, window, n):
+    p = (Rect(size=(b1, b1)) >> Diag(0, 1)) + (Rect(size=(b2, b2)) >> Diag(0, 1))
+    p = (p + Diag(0, window) if window else p) * Causal()
+    a = analyze(p, n)
+    mask = p.to_mask(n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+    _trace_matches_functions(a, n)
+
+
+def test_chunk_sizes_whose_period_passes_the_shapes_limit():
+    """Chunks of 65536 and 65535 (period about 2^32, refused before: more column shapes than
+    the limit) at 2^20: the cache is one chunk, kept in a ring, and each key lives to the end
+    of the later of its two chunks."""
+    n = 1 << 20
+    a = analyze(((Rect(size=(65536, 65536)) >> Diag(0, 1)) + (Rect(size=(65535, 65535)) >> Diag(0, 1))) * Causal(), n)
+    assert a.cache_size == 65536 and a.closed_form
+    j = np.array([0, 65534, 65535, 65536, 131069, 131070, 500000, n - 1])
+    expect = np.minimum(np.maximum((j // 65536 + 1) * 65536, (j // 65535 + 1) * 65535), n) - 1
+    assert (a.last_use(j) == expect).all()

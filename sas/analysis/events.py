@@ -234,7 +234,7 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[list[int], t
         key, dist = bd.key(si), bd.borders(si)
         if i + 1 < len(r) and pair_ok[i]:
             j = int(run_end[i]) if i < len(run_end) else i      # last pair of the group
-            members = [int(x) for x in r[i:j + 2]]
+            members = r[i:j + 2].tolist()
             codes = code_at[bd.ptr[s[i + 1]]:bd.ptr[s[i + 1] + 1]]
             bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + members[0]) for d, c in zip(dist, codes)]
             out.append((members, key, bounds))

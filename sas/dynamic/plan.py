@@ -269,11 +269,13 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
     static = substitute(work, dyn, _NOTHING)
     full = substitute(work, dyn, _EVERYTHING)
     region = And(full, Not(static))
-    st = structure(region)
+    # a period longer than max_len: no key repeats within it (`Structure.within`)
+    st = structure(region) if max_len is None else structure(region).within(max_len)
     cols: ColumnShapes | None = None
     last_table = None
     if st.periodic and structure(full).periodic:
-        bad = upper_triangle_clear(full, structure(full))
+        st_full = structure(full) if max_len is None else structure(full).within(max_len)
+        bad = upper_triangle_clear(full, st_full)
         if bad is not None:
             raise PatternError(f"{pattern!r} is not causal (query {bad[0]} may attend key {bad[1]}); dynamic "
                                f"selection runs query by query: multiply the pattern by Causal()")
