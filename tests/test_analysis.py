@@ -273,3 +273,22 @@ def test_chunk_sizes_whose_period_passes_the_shapes_limit():
     j = np.array([0, 65534, 65535, 65536, 131069, 131070, 500000, n - 1])
     expect = np.minimum(np.maximum((j // 65536 + 1) * 65536, (j // 65535 + 1) * 65535), n) - 1
     assert (a.last_use(j) == expect).all()
+
+
+def test_report_counts_polygons_only_for_groups_of_few_runs(monkeypatch):
+    """A group of more than DESCRIBE_RUNS vertical runs is described by its run count (tracing
+    655K separate polygons of chunks of 64K plus a strided diagonal took 3.5-5.5 s in report()),
+    and its polygon is still traced on request, equal to the one a full description counts."""
+    import sas.analysis.groups as groups
+
+    p = ((Rect(size=(16, 16)) >> Diag(0, 1)) + Diag(0, None, stride=16)) * Causal()
+    traced = analyze(p, 256)
+    assert all("polygon(s)" in d for d in (g.describe() for g in traced.groups))
+    monkeypatch.setattr(groups, "DESCRIBE_RUNS", 8)
+    brief = analyze(p, 256)
+    for g, h in zip(brief.groups, traced.groups):
+        runs = len(g.cells[0])
+        d = g.describe()
+        assert (f"{runs} vertical runs of cells" in d and "not traced" in d) if runs > 8 else "polygon(s)" in d
+        assert g.n_polygons == h.n_polygons and g.area == h.area
+    assert any(len(g.cells[0]) > 8 for g in brief.groups)

@@ -26,6 +26,13 @@ from sas.errors import AnalysisError
 from sas.ir.polygons import Lattice, lattice_polygon, runs_lattice
 
 
+#: `Group.describe` (and so `Analysis.report`) counts polygons only for groups of at most this
+#: many vertical runs of cells; tracing hundreds of thousands of separate polygons (a strided
+#: diagonal far from the others: seconds in shapely) tells a reader no more than the run count.
+#: `Group.polygon` still draws any group within the runs limit.
+DESCRIBE_RUNS = 1 << 16
+
+
 @dataclass(frozen=True, eq=False)
 class Group:
     """Keys [key_start, key_stop) (first occurrence) and their attended cells on the query rows
@@ -80,7 +87,10 @@ class Group:
         rep = f", repeats every {self.repeats} keys" if self.repeats else ""
         try:
             lat = f" on a lattice ({self.lattice.describe()})" if self.lattice is not None else ""
-            shape = f"{self.n_polygons} polygon(s){lat}"
+            runs = len(self.cells[0])
+            shape = (f"{self.n_polygons} polygon(s){lat}" if runs <= DESCRIBE_RUNS else
+                     f"{runs} vertical runs of cells{lat} (polygons not traced for the description: more than "
+                     f"{DESCRIBE_RUNS} runs; Group.polygon traces them)")
         except AnalysisError:
             shape = "polygons not drawn (more runs of cells than the runs limit)"
         return (f"group {self.index} ({self.kind}): keys [{self.key_start}, {self.key_stop}){rep}; "
