@@ -227,6 +227,8 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Rect):
         return _rect(p, axis, fixed, lo, hi, ctx)
     if isinstance(p, Not):
+        if isinstance(p.a, Not):            # ~~a = a: two complements of the same runs
+            return _runs(p.a.a, axis, fixed, lo, hi, ctx)
         return _complement(_runs(p.a, axis, fixed, lo, hi, ctx), lo, hi)
     if isinstance(p, And):
         # Each term only inside the runs of the terms before it (primitives of one run per
