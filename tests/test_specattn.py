@@ -68,6 +68,35 @@ def test_kernel_matches_reference(pooled, chunk, gamma, window):
     assert (ker.dynamic.last_loaded <= n).all() and 0.0 <= ker.dynamic.loads_skipped() < 1.0
 
 
+@pytest.mark.kernels
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 700), st.sampled_from([1, 3, 16, 40]), st.integers(0, 5),
+       st.integers(0, 40), st.integers(1, 4), st.floats(0.0, 0.3), st.integers(0, 10_000))
+def test_plan_kernel_lists_the_chunks_of_visit_chunks(m, i1, chunk, sink, window, lq, density, seed):
+    """`specattn_plan_kernel` (blocks of 16 chunks here, several blocks a row) against the torch
+    reference `visit_chunks` over the expanded key mask: the same chunks, ascending, and the
+    same count of keys loaded."""
+    from sas.methods.specattn import visit_chunks
+    from sas.methods.specattn_triton import specattn_plan_kernel
+    from sas.methods.threshold import expand_chunks
+
+    i0 = max(0, i1 - lq)
+    g = torch.Generator().manual_seed(seed)
+    nc = -(-i1 // chunk)
+    selc = torch.rand(m, nc, generator=g) < density
+    nch = -(-(i1 + 37) // 16)                       # room past the keys, as the cache's max_len gives
+    visit_ref, loaded_ref = visit_chunks(expand_chunks(selc, chunk, i1), i0, i1, sink, window, nch)
+    visit = torch.full((m, nch), -1, dtype=torch.int32, device=DEV)
+    count, loaded = (torch.zeros(m, dtype=torch.int32, device=DEV) for _ in range(2))
+    specattn_plan_kernel[(m,)](selc.to(DEV), visit, count, loaded, nc, nch, chunk, i0, i1, sink, window, BLOCK=16)
+    visit, count, loaded = visit.cpu(), count.cpu(), loaded.cpu()
+    for r in range(m):
+        want = torch.nonzero(visit_ref[r])[:, 0]
+        assert int(count[r]) == len(want)
+        assert torch.equal(visit[r, :len(want)].long(), want)
+    assert torch.equal(loaded.long(), loaded_ref)
+
+
 def test_reference_p1_is_dense_and_low_p_attends_less():
     q, k, v, draft = inputs(1, 2, 1, 24, 8, seed=3)
     dense = specattn_attention_reference(q, k, v, draft, 1.0, prefill_len=8)

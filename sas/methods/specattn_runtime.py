@@ -5,8 +5,10 @@ key stays in the cache, and each step loads the chunks selected from that step's
 
 Per step: the draft scores of the step's queries (`scores=` of `decode` / `step`, else the rows
 of the full-sequence `other_inputs[name] [B, Hq, N, N]`) -> `threshold_select` (Triton) -> the
-KV head's selected keys, the chunks to load (selected or static, 16 keys each), compacted ->
-`specattn_attn_kernel` over them -> `merge_partials_kernel`. `last_loaded` / `loads` count the keys
+KV head's selection at its own chunk granularity (the union over the head's rows) ->
+`specattn_plan_kernel`: the 16-key chunks to load (selected or static), compacted, and the keys
+they hold -> `specattn_attn_kernel` over them -> `merge_partials_kernel`: four Triton launches
+and no per-key tensor (`last_selected` expands the chunks on request). `last_loaded` / `loads` count the keys
 of the chunks loaded (what the kernel reads) per (batch, KV head).
 """
 
@@ -22,8 +24,8 @@ from sas.dynamic.plan import DynamicPlan
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap_dynamic import sink_window
 from sas.methods.partials_triton import merge_partials_kernel
-from sas.methods.specattn import check_step_scores, step_rows, visit_chunks
-from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel
+from sas.methods.specattn import check_step_scores, step_rows
+from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel, specattn_plan_kernel
 from sas.methods.threshold import expand_chunks
 from sas.methods.threshold_triton import threshold_select
 from sas.plan import Plan
@@ -31,6 +33,8 @@ from sas.plan import Plan
 LOG2E = 1.4426950408889634
 #: 16-key chunks per program of the attention kernel
 CHUNKS_PER_PROGRAM = 64
+#: 16-key chunks per block of the plan kernel (one prefix sum each)
+PLAN_BLOCK = 256
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -70,7 +74,7 @@ class SpecAttnRuntime:
         self.k = self.v = None
         self.length = 0
         self.last_loaded: torch.Tensor | None = None      # [B, Hkv] keys loaded at the last step
-        self.last_selected: torch.Tensor | None = None    # [B, Hkv, L] bool: keys selected at the last step
+        self._last_selection: tuple[torch.Tensor, int] | None = None    # (chunk mask [B*Hkv, Nc], L)
         self.loads: list[tuple[int, torch.Tensor]] = []   # (keys that existed, loaded [B, Hkv]) per step
 
     @property
@@ -136,27 +140,34 @@ class SpecAttnRuntime:
         if i1 > self.max_len:
             raise KernelError(f"{where}: positions up to {i1 - 1} are past max_len={self.max_len}")
         sc = self._scores(scores, q, i0, i1, where)
-        sel = threshold_select(step_rows(sc, hkv, self.pooled), p=self.p, chunk=self.chunk, iters=self.iters)
-        sel_keys = expand_chunks(sel.mask, self.chunk, i1)                   # [M, i1] bool
+        selc = threshold_select(step_rows(sc, hkv, self.pooled), p=self.p, chunk=self.chunk, iters=self.iters).mask
         # nothing above wrote state
         self.k[:, :, i0:i1] = k
         self.v[:, :, i0:i1] = v
         self.length = i1
         m = b * hkv
         nch = -(-self.max_len // CHUNK_KEYS)
-        visit, loaded = visit_chunks(sel_keys, i0, i1, self.sink, self.window, nch, CHUNK_KEYS)
-        count = visit.sum(-1).to(torch.int32)
-        order = torch.sort((~visit).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32).contiguous()
-        sel_cap = torch.zeros(m, self.max_len, dtype=torch.int8, device=q.device)
-        sel_cap[:, :i1] = sel_keys.to(torch.int8)
-        out = self._attend(q, order, count, sel_cap, i0, lq)
-        loaded = loaded.reshape(b, hkv)
+        visit = torch.empty(m, nch, dtype=torch.int32, device=q.device)
+        count_loaded = torch.empty(2, m, dtype=torch.int32, device=q.device)
+        specattn_plan_kernel[(m,)](selc, visit, count_loaded[0], count_loaded[1], selc.shape[1], nch, self.chunk, i0,
+                                   i1, self.sink, self.window, BLOCK=PLAN_BLOCK)
+        out = self._attend(q, visit, count_loaded[0], selc, i0, lq)
+        loaded = count_loaded[1].view(b, hkv)
         self.last_loaded = loaded
-        self.last_selected = sel_keys.reshape(b, hkv, i1)
+        self._last_selection = (selc, i1)
         self.loads.append((i1, loaded))
         return out
 
-    def _attend(self, q: torch.Tensor, visit: torch.Tensor, count: torch.Tensor, sel: torch.Tensor, i0: int,
+    @property
+    def last_selected(self) -> torch.Tensor | None:
+        """[B, Hkv, L] bool: the keys the last step selected (expanded from its chunks on request)."""
+        if self._last_selection is None:
+            return None
+        selc, i1 = self._last_selection
+        b, hkv = self.last_loaded.shape
+        return expand_chunks(selc, self.chunk, i1).reshape(b, hkv, i1)
+
+    def _attend(self, q: torch.Tensor, visit: torch.Tensor, count: torch.Tensor, selc: torch.Tensor, i0: int,
                 lq: int) -> torch.Tensor:
         b, hkv, _, d = self.k.shape
         hq = q.shape[1]
@@ -166,14 +177,15 @@ class SpecAttnRuntime:
         used = -(-self.length // CHUNK_KEYS)                  # chunks holding keys
         s = max(1, -(-used // CHUNKS_PER_PROGRAM))
         br, bd = _pow2(rows, 16), _pow2(d, 16)
-        o_part = torch.empty(b * hkv, s, br, bd, dtype=torch.float32, device=q.device)
-        m_part = torch.empty(b * hkv, s, br, dtype=torch.float32, device=q.device)
-        l_part = torch.empty_like(m_part)
+        parts = torch.empty(b * hkv * s * br * (bd + 2), dtype=torch.float32, device=q.device)   # one allocation
+        o_part = parts[:b * hkv * s * br * bd].view(b * hkv, s, br, bd)
+        m_part, l_part = parts[b * hkv * s * br * bd:].view(2, b * hkv, s, br).unbind(0)
         scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
         qc = q.reshape(b * hkv, rows, d).to(self.k.dtype).contiguous()
         specattn_attn_kernel[(b * hkv, s)](
-            qc, self.k, self.v, sel, visit, count, o_part, m_part, l_part,
-            self.max_len, nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM, scale * LOG2E,
+            qc, self.k, self.v, selc, visit, count, o_part, m_part, l_part,
+            self.max_len, selc.shape[1], self.chunk, nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM,
+            scale * LOG2E,
             BLOCK_R=br, BLOCK_C=4, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
             UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")

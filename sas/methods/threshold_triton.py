@@ -165,9 +165,6 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
     if method == "resident" and nc > RESIDENT_MAX_ENTRIES:
         raise KernelError(f"{where}: method='resident' holds a row of at most {RESIDENT_MAX_ENTRIES} entries "
                           f"(after chunking) in registers, got {nc}; use method='split', 'row' or 'auto'")
-    mask = torch.empty(m, r, nc, dtype=torch.int8, device=scores.device)
-    theta = torch.empty(m, r, dtype=torch.float32, device=scores.device)
-    kept = torch.empty(m, r, dtype=torch.int32, device=scores.device)
     blk = max(16, min(block, triton.next_power_of_2(nc)))
     count = k is not None or p == 1.0          # p = 1 keeps every entry: the count predicate with k = Nc
     value = float(k) if k is not None else (float(nc) if p == 1.0 else p)
@@ -179,6 +176,9 @@ def threshold_select(scores: torch.Tensor, *, p: float | None = None, k: int | N
         from sas.methods.threshold_split_triton import run_split
         mask, theta, kept = run_split(scores, value, count, None if count else iters, chunk, blk, num_warps, splits)
         return Selection(mask.bool().any(1), theta, kept)
+    mask = torch.empty(m, r, nc, dtype=torch.int8, device=scores.device)
+    theta = torch.empty(m, r, dtype=torch.float32, device=scores.device)
+    kept = torch.empty(m, r, dtype=torch.int32, device=scores.device)
     threshold_select_kernel[(m, r)](
         scores, mask, theta, kept, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2),
         value, COUNT=count, ITERS=0 if count else (iters or 0), CHUNK=chunk, CHUNK_P2=triton.next_power_of_2(chunk), BLOCK=blk,
