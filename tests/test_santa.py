@@ -559,7 +559,7 @@ def test_prop_large_groups_sum_their_own_draws(hq):
 def test_launch_hooks_of_any_triton():
     """The direct-launch path of the prop kernels runs only when no launch hook is set; Triton
     3.6+ holds an empty `HookChain` there (never None), which must count as no hook."""
-    from sas.methods.santa_runtime import _no_hook
+    from sas.methods.direct_launch import no_hook as _no_hook
 
     class Chain:                       # the shape of triton.knobs.HookChain
         def __init__(self, calls):

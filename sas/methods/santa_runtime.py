@@ -14,15 +14,15 @@ the other slots only and the two parts merge by their exact row sums (`composed_
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import triton
 
 from sas.errors import KernelError, NotYetSupportedError
+from sas.methods.direct_launch import FAST_LAUNCH, current_stream as _stream, hooks_clear
+from sas.methods.direct_launch import interpreting as _interpreting
 from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
                                bernoulli_uniform_shape, check_choice, check_samples, flash_tile_samples,
                                sample_counts, tile_budgets, uniforms_shape)
@@ -54,10 +54,6 @@ STATIC_MIN_CHUNK = 256
 
 def _pow2(x: int, least: int = 1) -> int:
     return max(least, 1 << max(0, (x - 1).bit_length()))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
@@ -324,21 +320,6 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0
 
 
-try:
-    from triton import knobs as _knobs
-    from triton.runtime import driver as _driver
-except ImportError:          # pragma: no cover - an older Triton: every launch takes the ordinary path
-    _knobs = _driver = None
-#: direct launches only with the Triton whose launcher signature they were checked against
-FAST_LAUNCH = tuple(int(x) for x in triton.__version__.split(".")[:2]) == (3, 6)
-
-
-def _no_hook(hook: Any) -> bool:
-    """No launch hook set: None (older Triton) or an empty `HookChain` (Triton 3.6+, where the
-    knob is never None: testing `is None` alone kept every launch on the slow path)."""
-    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
-
-
 class _Launch:
     """Launches one `@triton.jit` kernel with fixed compile-time arguments. The first launch of
     each specialization goes through Triton (`kernel[grid](...)`, which compiles or finds the
@@ -358,13 +339,13 @@ class _Launch:
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: tuple, dev: torch.device) -> None:
         ck = self.compiled.get(key) if FAST_LAUNCH else None
-        if ck is not None and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook):
+        if ck is not None and hooks_clear():
             stream = _stream(dev)
             ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args,
                    *self.tail)
             return
         ck = self.kernel[grid](*args, **self.constexprs, **self.launch)
-        if (_knobs is not None and dev.type == "cuda" and not _interpreting() and hasattr(ck, "run")
+        if (FAST_LAUNCH and dev.type == "cuda" and not _interpreting() and hasattr(ck, "run")
                 and hasattr(ck, "packed_metadata") and hasattr(ck, "function")):
             self.compiled[key] = ck
 
@@ -430,14 +411,6 @@ def _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q_dtype, k_dtype, options, 
     plan = _PLANS[key] = _PropPlan(bufs, global_sys, tpp, (b * hkv, -(-t // tpp), 1), (b * hkv, t, 1), scores,
                                    budget, gather, bufs.cnt[b * hkv:])
     return plan
-
-
-def _stream(dev: torch.device) -> int:
-    if dev.type != "cuda":
-        return 0
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return _driver.active.get_current_stream(index) if _driver is not None else \
-        torch.cuda.current_stream(dev).cuda_stream
 
 
 @dataclass

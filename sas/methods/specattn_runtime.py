@@ -29,12 +29,18 @@ from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel, specat
 from sas.methods.threshold import expand_chunks
 from sas.methods.threshold_triton import threshold_select
 from sas.plan import Plan
+from sas.methods.direct_launch import DirectLaunch
 
 LOG2E = 1.4426950408889634
 #: 16-key chunks per program of the attention kernel
 CHUNKS_PER_PROGRAM = 64
 #: 16-key chunks per block of the plan kernel (one prefix sum each)
 PLAN_BLOCK = 256
+
+
+_PLAN = DirectLaunch(specattn_plan_kernel)
+_ATTN = DirectLaunch(specattn_attn_kernel)
+_MERGE = DirectLaunch(merge_partials_kernel)
 
 
 def _pow2(x: int, least: int = 1) -> int:
@@ -149,8 +155,8 @@ class SpecAttnRuntime:
         nch = -(-self.max_len // CHUNK_KEYS)
         visit = torch.empty(m, nch, dtype=torch.int32, device=q.device)
         count_loaded = torch.empty(2, m, dtype=torch.int32, device=q.device)
-        specattn_plan_kernel[(m,)](selc, visit, count_loaded[0], count_loaded[1], selc.shape[1], nch, self.chunk, i0,
-                                   i1, self.sink, self.window, BLOCK=PLAN_BLOCK)
+        _PLAN((m,), (selc, visit, count_loaded[0], count_loaded[1], selc.shape[1], nch, self.chunk, i0, i1, self.sink,
+                     self.window), dict(BLOCK=PLAN_BLOCK))
         out = self._attend(q, visit, count_loaded[0], selc, i0, lq)
         loaded = count_loaded[1].view(b, hkv)
         self.last_loaded = loaded
@@ -182,15 +188,13 @@ class SpecAttnRuntime:
         m_part, l_part = parts[b * hkv * s * br * bd:].view(2, b * hkv, s, br).unbind(0)
         scale = (1.0 / math.sqrt(d)) if self.scale is None else self.scale
         qc = q.reshape(b * hkv, rows, d).to(self.k.dtype).contiguous()
-        specattn_attn_kernel[(b * hkv, s)](
-            qc, self.k, self.v, selc, visit, count, o_part, m_part, l_part,
-            self.max_len, selc.shape[1], self.chunk, nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM,
-            scale * LOG2E,
-            BLOCK_R=br, BLOCK_C=4, BLOCK_D=bd,
-            DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
-            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1")
+        _ATTN((b * hkv, s),
+              (qc, self.k, self.v, selc, visit, count, o_part, m_part, l_part, self.max_len, selc.shape[1], self.chunk,
+               nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM, scale * LOG2E),
+              dict(BLOCK_R=br, BLOCK_C=4, BLOCK_D=bd, DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
+                   UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"))
         out = torch.empty(b * hkv, rows, d, dtype=q.dtype, device=q.device)
-        merge_partials_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, s, rows, d, BLOCK_G=br, BLOCK_D=bd)
+        _MERGE((b * hkv,), (o_part, m_part, l_part, out, s, s, rows, d), dict(BLOCK_G=br, BLOCK_D=bd))
         return out.reshape(b, hq, lq, d)
 
 

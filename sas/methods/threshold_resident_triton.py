@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from sas.methods.threshold_triton import RESIDENT_MAX_ENTRIES, _keys, _pooled
+from sas.methods.direct_launch import DirectLaunch
 
 #: entries per pooling program, and the most scores one program sums at once (entries x chunk)
 POOL_BLOCK = 256
@@ -108,6 +109,10 @@ def resident_warps(nc: int) -> int:
     return max(1, min(32, triton.next_power_of_2(max(nc, 1)) // (32 * ENTRIES_PER_THREAD)))
 
 
+_POOL = DirectLaunch(pool_kernel)
+_SELECT = DirectLaunch(resident_select_kernel)
+
+
 def run_resident(scores: torch.Tensor, value: float, count: bool, iters: int | None, chunk: int,
                  num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Host side of the resident selection (arguments checked by `threshold_select`, at most
@@ -123,17 +128,17 @@ def run_resident(scores: torch.Tensor, value: float, count: bool, iters: int | N
         y = torch.empty(rows, nc, dtype=torch.float32, device=dev)
         chunk_p2 = triton.next_power_of_2(chunk)
         blk = max(1, min(POOL_BLOCK, triton.next_power_of_2(nc), POOL_TILE // chunk_p2))   # [blk, chunk_p2] tiles
-        pool_kernel[(rows, triton.cdiv(nc, blk))](
-            scores, y, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2), CHUNK=chunk,
-            CHUNK_P2=chunk_p2, BLOCK=blk)
+        _POOL((rows, triton.cdiv(nc, blk)),
+              (scores, y, r, pp, n, nc, scores.stride(0), scores.stride(1), scores.stride(2)),
+              dict(CHUNK=chunk, CHUNK_P2=chunk_p2, BLOCK=blk))
         strides = (r * nc, nc)
     mask = torch.empty(m, r, nc, dtype=torch.int8, device=dev)
     theta = torch.empty(m, r, dtype=torch.float32, device=dev)
     kept = torch.empty(m, r, dtype=torch.int32, device=dev)
     paper = iters is not None and not count
-    resident_select_kernel[(rows,)](y, mask, theta, kept, r, nc, *strides, value, COUNT=count,
-                                    ITERS=iters if paper else 0, BLOCK=triton.next_power_of_2(max(nc, 16)),
-                                    num_warps=num_warps or resident_warps(nc))
+    _SELECT((rows,), (y, mask, theta, kept, r, nc, *strides, value),
+            dict(COUNT=count, ITERS=iters if paper else 0, BLOCK=triton.next_power_of_2(max(nc, 16))),
+            dict(num_warps=num_warps or resident_warps(nc)))
     return mask, theta, kept
 
 
