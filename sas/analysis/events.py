@@ -18,6 +18,7 @@ so a block-local pattern has 3 events, not 3 per key.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ class Bound:
 class CacheEvent:
     kind: str                       # store | active | inactive | evict
     boundary: tuple[int, ...]       # explicit boundary keys (< T)
-    classes: tuple[int, ...]        # interior residues of (j - T) % P
+    classes: Sequence[int]          # interior residues of (j - T) % P (a tuple, or a range)
     T: int
     P: int
     lo: Bound | None                # None for an eviction at the end of the sequence
@@ -117,14 +118,17 @@ class _Borders:
 
 
 def _segment_all_equal(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
-    """Per segment id in [0, n): are all its values equal (True for empty segments)."""
+    """Per segment id in [0, n): are all its values equal (True for empty segments); `seg` is
+    non-decreasing (each segment's values are contiguous)."""
+    out = np.ones(n, dtype=bool)
     if len(values) == 0:
-        return np.ones(n, dtype=bool)
-    lo = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(lo, seg, values)
-    np.maximum.at(hi, seg, values)
-    return (lo == hi) | (lo > hi)
+        return out
+    new = np.ones(len(seg), dtype=bool)
+    new[1:] = seg[1:] != seg[:-1]
+    head = np.flatnonzero(new)
+    first = values[head][np.cumsum(new) - 1]          # each value's segment's first value
+    out[seg[values != first]] = False
+    return out
 
 
 def _borders(cols: ColumnShapes) -> _Borders:
@@ -148,44 +152,56 @@ def _borders(cols: ColumnShapes) -> _Borders:
     # head pieces: the runs (clipped to [0, D) for forever columns); tail pieces: the runs in [D, D + Q)
     hb = np.where(fv, np.minimum(b, D), b)
     hk = hb > a
-    ha, hb, hs = a[hk], hb[hk], rs[hk]
+    if hk.all():
+        ha, hs = a, rs
+    else:
+        ha, hb, hs = a[hk], hb[hk], rs[hk]
     tk = fv & (b > D)
     ta, tb, ts = np.maximum(a, D)[tk], b[tk], rs[tk]
     nh = np.bincount(hs, minlength=S)
     nt = np.bincount(ts, minlength=S)
+    hptr = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(nh, out=hptr[1:])
     # a strided head: >= 3 pieces of one width at one gap
-    same = np.flatnonzero(hs[1:] == hs[:-1])
-    every = (nh >= 3) & _segment_all_equal(hb - ha, hs, S) & _segment_all_equal(ha[1:][same] - ha[:-1][same], hs[1:][same], S)
-    hptr = np.concatenate([[0], np.cumsum(nh)])
-    first = np.minimum(hptr[:-1], max(len(ha) - 1, 0))
-    last = np.maximum(hptr[1:] - 1, 0)
-    every_w = np.where(every, (hb - ha)[first] if len(ha) else 0, 0)
-    every_p = np.where(every, (ha[np.minimum(first + 1, max(len(ha) - 1, 0))] - ha[first]) if len(ha) else 0, 0)
-    # border lists: head (every: [first start, last stop]), then tail
-    keep = ~every[hs] | (np.arange(len(ha)) == first[hs]) | (np.arange(len(ha)) == last[hs])
-    hv = np.stack([ha, hb], axis=1)
-    if every.any():   # an every head keeps the first piece's start and the last piece's stop
-        e = every[hs]
-        hv[e & (np.arange(len(ha)) == first[hs]), 1] = -1
-        hv[e & (np.arange(len(ha)) == last[hs]), 0] = -1
-    hsel = hv[keep].reshape(-1)
-    hshape = np.repeat(hs[keep], 2)
-    hm = hsel >= 0
-    hsel, hshape = hsel[hm], hshape[hm]
-    tv = np.stack([ta, tb], axis=1).reshape(-1)
-    tshape = np.repeat(ts, 2)
-    shape = np.concatenate([hshape, tshape])
-    section = np.concatenate([np.zeros(len(hshape), np.int64), np.ones(len(tshape), np.int64)])
-    dist = np.concatenate([hsel, tv])
-    order = np.argsort(shape * 2 + section, kind="stable")
-    count = np.bincount(shape, minlength=S)
-    ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    every = nh >= 3
+    if every.any():
+        same = np.flatnonzero(hs[1:] == hs[:-1])
+        every &= _segment_all_equal(hb - ha, hs, S) & _segment_all_equal(ha[1:][same] - ha[:-1][same],
+                                                                          hs[1:][same], S)
     n_head = np.where(every, 2, 2 * nh)
-    return _Borders(cols.ever_used, cols.forever, n_head, 2 * nt, np.where(cols.forever, D_shape, -1),
-                    np.where(every, every_p, 0), np.where(every, every_w, 0), ptr, dist[order])
+    n_tail = 2 * nt
+    ptr = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(n_head + n_tail, out=ptr[1:])
+    # border lists, written in place: per shape its head (a strided head: the first piece's
+    # start and the last piece's stop), then its tail
+    dist = np.empty(int(ptr[-1]), dtype=np.int64)
+    every_p = np.zeros(S, dtype=np.int64)
+    every_w = np.zeros(S, dtype=np.int64)
+    at = ptr[hs] + 2 * (np.arange(len(ha), dtype=np.int64) - hptr[hs])
+    ev = np.flatnonzero(every)
+    if len(ev):
+        plain = ~every[hs]
+        at, pa, pb = at[plain], ha[plain], hb[plain]
+        first, last = hptr[ev], hptr[ev + 1] - 1
+        dist[ptr[ev]] = ha[first]
+        dist[ptr[ev] + 1] = hb[last]
+        every_w[ev] = hb[first] - ha[first]
+        every_p[ev] = ha[first + 1] - ha[first]
+    else:
+        pa, pb = ha, hb
+    dist[at] = pa
+    dist[at + 1] = pb
+    if len(ta):
+        tptr = np.zeros(S + 1, dtype=np.int64)
+        np.cumsum(nt, out=tptr[1:])
+        at = ptr[ts] + n_head[ts] + 2 * (np.arange(len(ta), dtype=np.int64) - tptr[ts])
+        dist[at] = ta
+        dist[at + 1] = tb
+    return _Borders(cols.ever_used, cols.forever, n_head, n_tail, np.where(cols.forever, D_shape, -1),
+                    every_p, every_w, ptr, dist)
 
 
-def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[list[int], tuple, list[Bound]]]:
+def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int], tuple, list[Bound]]]:
     """Interior classes, in order, grouped greedily: a used class joins the group of the used
     class before it when, for every border, all members agree on the border's distance from
     the key (anchor `key`) or on its distance from the period start (anchor `period`)."""
@@ -193,33 +209,38 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[list[int], t
     r = np.flatnonzero(bd.used[T:]).astype(np.int64)        # used classes
     if len(r) == 0:
         return []
+    whole = len(r) == cols.P                  # every class used: gathers over s are slices
     s = T + r
-    fields = [bd.forever, bd.n_head, bd.n_tail, bd.D, bd.every_p, bd.every_w]
+    sl = slice(T, T + cols.P) if whole else s
     same_key = np.ones(len(r) - 1, dtype=bool)
-    for f in fields:
-        same_key &= f[s[1:]] == f[s[:-1]]
+    for f in (bd.forever, bd.n_head, bd.n_tail, bd.D, bd.every_p, bd.every_w):
+        fs = f[sl]
+        same_key &= fs[1:] == fs[:-1]
     # per border of each pair of consecutive used classes: 1 = same distance (key anchor),
     # 2 = same distance from the period start (period anchor), 0 = neither
-    L = bd.ptr[s + 1] - bd.ptr[s]
+    ps = bd.ptr[sl]                           # first border of each used class
+    L = (bd.ptr[T + 1:T + 1 + cols.P] if whole else bd.ptr[s + 1]) - ps
     pairs = np.flatnonzero(same_key)
     cnt = L[pairs + 1]
     rep = np.repeat(pairs, cnt)
     within = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    da = bd.dist[bd.ptr[s[rep]] + within]
-    db = bd.dist[bd.ptr[s[rep + 1]] + within]
-    code = np.where(db == da, 1, np.where(db + r[rep + 1] == da + r[rep], 2, 0))
+    ib = ps[rep + 1] + within                 # the second member's borders
+    da = bd.dist[ps[rep] + within]
+    db = bd.dist[ib]
+    step = 1 if whole else r[rep + 1] - r[rep]
+    code = np.where(db == da, 1, np.where(db + step == da, 2, 0))
     pair_ok = np.zeros(len(r) - 1, dtype=bool)
     bad = np.bincount(rep[code == 0], minlength=len(r) - 1)
     pair_ok[pairs] = bad[pairs] == 0
     # flat code of each ok pair, at its second member's border positions
     code_at = np.zeros(len(bd.dist), dtype=np.int64)
-    code_at[bd.ptr[s[rep + 1]] + within] = code
+    code_at[ib] = code
     # consecutive ok pairs with equal codes (they share a member, so have as many borders)
     q = np.flatnonzero(pair_ok[:-1] & pair_ok[1:])
     cq = L[q + 1]
     rq = np.repeat(q, cq)
     wq = np.arange(int(cq.sum()), dtype=np.int64) - np.repeat(np.cumsum(cq) - cq, cq)
-    diff = code_at[bd.ptr[s[rq + 1]] + wq] != code_at[bd.ptr[s[rq + 2]] + wq]
+    diff = code_at[ps[rq + 1] + wq] != code_at[ps[rq + 2] + wq]
     same_next = np.zeros(max(len(r) - 2, 0), dtype=bool)
     if len(q):
         same_next[q] = np.bincount(rq[diff], minlength=len(r) - 2)[q] == 0
@@ -227,16 +248,18 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[list[int], t
     idx = np.arange(len(same_next), dtype=np.int64)
     stop_at = np.where(same_next, len(same_next), idx)
     run_end = np.minimum.accumulate(stop_at[::-1])[::-1] if len(same_next) else stop_at
-    out: list[tuple[list[int], tuple, list[Bound]]] = []
+    out: list[tuple[Sequence[int], tuple, list[Bound]]] = []
     i = 0
     while i < len(r):
         si = int(s[i])
         key, dist = bd.key(si), bd.borders(si)
         if i + 1 < len(r) and pair_ok[i]:
             j = int(run_end[i]) if i < len(run_end) else i      # last pair of the group
-            members = r[i:j + 2].tolist()
+            lo, hi = int(r[i]), int(r[j + 1]) + 1
+            # consecutive classes as a range (a million of them for a period as long as the sequence)
+            members = range(lo, hi) if hi - lo == j + 2 - i else r[i:j + 2].tolist()
             codes = code_at[bd.ptr[s[i + 1]]:bd.ptr[s[i + 1] + 1]]
-            bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + members[0]) for d, c in zip(dist, codes)]
+            bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + lo) for d, c in zip(dist, codes)]
             out.append((members, key, bounds))
             i = j + 2
         else:
@@ -281,7 +304,7 @@ def derive_events(cols: ColumnShapes) -> tuple[CacheEvent, ...]:
         kw = dict(boundary=tuple(keys), classes=(), T=cols.T, P=cols.P)
         events += _emit(kw, key, [Bound(KEY, d) for d in dist], cols.Q)
     for rs, key, bounds in _merge_interior(cols, bd):
-        kw = dict(boundary=(), classes=tuple(rs), T=cols.T, P=cols.P)
+        kw = dict(boundary=(), classes=rs if isinstance(rs, range) else tuple(rs), T=cols.T, P=cols.P)
         events += _emit(kw, key, bounds, cols.Q)
     return tuple(events)
 

@@ -47,12 +47,23 @@ class Group:
     kind: str                   # boundary | periodic | tail
     columns: ColumnShapes = field(repr=False)
     row_stop: int = 0           # the rows of the first occurrence: [key_start, row_stop)
-    #: first and last + 1 query row with an attended cell (None: no cell)
-    query_bounds: tuple[int, int] | None = None
 
     def _keys(self) -> tuple[np.ndarray, np.ndarray]:
         keys = np.arange(self.key_start, self.key_stop, dtype=np.int64)
         return keys, self.columns.shape_of(keys)
+
+    @functools.cached_property
+    def query_bounds(self) -> tuple[int, int] | None:
+        """First and last + 1 query row with an attended cell of the first occurrence (None: no
+        cell); computed on first use (one pass over the group's keys)."""
+        cols = self.columns
+        keys, shapes = self._keys()
+        first = cols.next_d(shapes, np.zeros(len(keys), np.int64))
+        first_ok = (first >= 0) & (keys + first < self.row_stop)
+        if not first_ok.any():
+            return None
+        last = cols.last_d(shapes, self.row_stop - 1 - keys)
+        return int((keys + first)[first_ok].min()), int((keys + last)[last >= 0].max()) + 1
 
     @functools.cached_property
     def cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -153,14 +164,5 @@ def decompose(cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, 
     depth = int(cols.D.max()) + 2 * cols.Q
     groups = []
     for k, (a, b, rep, kind) in enumerate(spans):
-        row_stop = min(n, b + depth)
-        keys = np.arange(a, b, dtype=np.int64)
-        shapes = cols.shape_of(keys)
-        # first and last attended rows below row_stop
-        first = cols.next_d(shapes, np.zeros(len(keys), np.int64))
-        first_ok = (first >= 0) & (keys + first < row_stop)
-        last = cols.last_d(shapes, row_stop - 1 - keys)
-        bounds = ((int((keys + first)[first_ok].min()), int((keys + last)[last >= 0].max()) + 1)
-                  if first_ok.any() else None)
-        groups.append(Group(k, a, b, rep, kind, cols, row_stop, bounds))
+        groups.append(Group(k, a, b, rep, kind, cols, min(n, b + depth)))
     return tuple(groups)

@@ -117,7 +117,8 @@ def _dense(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: n
 def _merge_adjacent(line: np.ndarray, start: np.ndarray, stop: np.ndarray, n_lines: int) -> Runs:
     """Runs from disjoint runs sorted by (line, start): empty ones dropped, touching ones joined."""
     keep = stop > start
-    line, start, stop = line[keep], start[keep], stop[keep]
+    if not keep.all():
+        line, start, stop = line[keep], start[keep], stop[keep]
     if len(line) > 1:
         new = np.ones(len(line), dtype=bool)
         new[1:] = (line[1:] != line[:-1]) | (start[1:] != stop[:-1])
@@ -365,11 +366,15 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     line_lo, line_hi = lo[k], hi[k]
     # Lines whose unit fills the block: one run per layout run.
     f = full[uk]
-    out_line = [k[f]]
-    out_a = [np.maximum(b0[f] * along, line_lo[f])]
-    out_b = [np.minimum(b1[f] * along, line_hi[f])]
-    # Others: the unit's runs in every on-block.
-    g = np.flatnonzero(~f & (ucount[uk] > 0))
+    if f.all():
+        out_line, out_a, out_b = [k], [np.maximum(b0 * along, line_lo)], [np.minimum(b1 * along, line_hi)]
+        g = np.zeros(0, dtype=_I64)
+    else:
+        out_line = [k[f]]
+        out_a = [np.maximum(b0[f] * along, line_lo[f])]
+        out_b = [np.minimum(b1[f] * along, line_hi[f])]
+        # Others: the unit's runs in every on-block.
+        g = np.flatnonzero(~f & (ucount[uk] > 0))
     if len(g):
         nb = b1[g] - b0[g]
         nu = ucount[uk[g]]
@@ -384,11 +389,14 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
         out_line.append(kk)
         out_a.append(np.maximum(block * along + unit.start[ur], lo[kk]))
         out_b.append(np.minimum(block * along + unit.stop[ur], hi[kk]))
-    line = np.concatenate(out_line)
-    a = np.concatenate(out_a)
-    b = np.concatenate(out_b)
+    if len(out_line) == 1:
+        line, a, b = out_line[0], out_a[0], out_b[0]
+    else:
+        line, a, b = np.concatenate(out_line), np.concatenate(out_a), np.concatenate(out_b)
     keep = b > a
-    return from_disjoint(line[keep], a[keep], b[keep], m)
+    if not keep.all():
+        line, a, b = line[keep], a[keep], b[keep]
+    return from_disjoint(line, a, b, m)
 
 
 __all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs"]
