@@ -107,11 +107,25 @@ class ColumnShapes:
         a, b = int(self.ptr[s]), int(self.ptr[s + 1])
         return self.start[a:b], self.stop[a:b]
 
+    @functools.cached_property
+    def _single(self) -> bool:
+        """Every shape holds at most one run (windows, chunks, causal columns): the stored-horizon
+        queries below read that run directly instead of searching."""
+        return self.n_runs > 0 and int(self.counts.max()) <= 1
+
+    def _one_run(self, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(has a run, its start, its stop) per shape, when every shape has at most one."""
+        k = np.minimum(self.ptr[shape], self.n_runs - 1)
+        return self.counts[shape] > 0, self.start[k], self.stop[k]
+
     # --- stored-horizon queries ----------------------------------------------------------------
     def _last_upto(self, shape: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Last attended d <= x with 0 <= x < H[shape] (-1 if none)."""
         if self.n_runs == 0:
             return np.full(np.shape(x), -1, dtype=_I64)
+        if self._single:
+            has, a, b = self._one_run(shape)
+            return np.where(has & (a <= x), np.minimum(b - 1, x), -1)
         k = np.searchsorted(self._gstart, self._base[shape] + x, side="right") - 1
         kk = np.maximum(k, 0)
         return np.where(k >= self.ptr[shape], np.minimum(self.stop[kk] - 1, x), -1)
@@ -120,6 +134,9 @@ class ColumnShapes:
         """First attended d >= x, d < H[shape], for 0 <= x <= H[shape] (-1 if none)."""
         if self.n_runs == 0:
             return np.full(np.shape(x), -1, dtype=_I64)
+        if self._single:
+            has, a, b = self._one_run(shape)
+            return np.where(has & (x < b), np.maximum(a, x), -1)
         k = np.searchsorted(self._gstop, self._base[shape] + x, side="right")
         kk = np.minimum(k, self.n_runs - 1)
         return np.where(k < self.ptr[shape + 1], np.maximum(self.start[kk], x), -1)
@@ -210,6 +227,9 @@ class ColumnShapes:
         """Attended distances in [0, x) for 0 <= x <= H[shape]."""
         if self.n_runs == 0:
             return np.zeros(np.shape(x), dtype=_I64)
+        if self._single:
+            has, a, b = self._one_run(shape)
+            return np.where(has & (a < x), np.minimum(b, x) - a, 0)
         k = np.searchsorted(self._gstart, self._base[shape] + x, side="left") - 1   # last run starting below x
         kk = np.maximum(k, 0)
         got = self._cum[kk] - self._cum[self.ptr[shape]] + np.minimum(self.stop[kk], x) - self.start[kk]
