@@ -169,18 +169,25 @@ def _unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, inverse.reshape(-1)
 
 
-def _unique_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct (a, b, c) rows as an [u, 3] array, index of each row's) for int64 columns."""
-    spans = [int(x.max()) - int(x.min()) + 1 for x in (a, b, c)]
+def _unique_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+                                                                        np.ndarray]:
+    """(the distinct (a, b, c) rows as three int64 columns, sorted; index of each row's) for
+    int64 columns of one length >= 1."""
+    lows = [int(x.min()) for x in (a, b, c)]
+    spans = [int(x.max()) - lo + 1 for x, lo in zip((a, b, c), lows)]
     if spans[0] * spans[1] * spans[2] < (1 << 62):
-        key = ((a - a.min()) * spans[1] + (b - b.min())) * spans[2] + (c - c.min())
+        key = ((a - lows[0]) * spans[1] + (b - lows[1])) * spans[2] + (c - lows[2])
+        step = np.diff(key)
+        if bool((step >= 0).all()):          # rows in order already (lines in order): their first copies
+            new = np.ones(len(key), dtype=bool)
+            new[1:] = step > 0
+            first = np.flatnonzero(new)
+            return (a[first], b[first], c[first]), np.cumsum(new) - 1
         values, inverse = _unique(key)
-        va = values // (spans[1] * spans[2]) + a.min()
-        vb = values // spans[2] % spans[1] + b.min()
-        vc = values % spans[2] + c.min()
-        return np.stack([va, vb, vc], axis=1), inverse
+        return (values // (spans[1] * spans[2]) + lows[0], values // spans[2] % spans[1] + lows[1],
+                values % spans[2] + lows[2]), inverse
     rows, inverse = np.unique(np.stack([a, b, c], axis=1), axis=0, return_inverse=True)
-    return rows, inverse.reshape(-1)
+    return (rows[:, 0], rows[:, 1], rows[:, 2]), inverse.reshape(-1)
 
 
 def _progression(ctx: _Context, line: np.ndarray, a: np.ndarray, b: np.ndarray, mod: int,
@@ -343,8 +350,8 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
         if len(live) == 0:
             return _empty(m)
     # The layout's lines (block lines) over the blocks the line's range crosses.
-    ublk, which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
-    lay = _runs(p.layout, axis, ublk[:, 0], ublk[:, 1], ublk[:, 2], ctx)
+    (bline, blo, bhi), which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
+    lay = _runs(p.layout, axis, bline, blo, bhi, ctx)
     uptr = unit.ptr
     full = np.zeros(len(uu), dtype=bool)
     if len(unit):
