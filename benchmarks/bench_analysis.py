@@ -43,12 +43,14 @@ PAPER_TABLE4 = {"streaming_llm": "16K -> 1056", "block_local": "16K -> 384", "sl
                 "strided_block_local": "16K -> 64"}
 
 
-def _timed(pattern, n: int) -> tuple[str, float, str]:
-    """(outcome, seconds, detail) of one analysis."""
+def _timed(pattern, n: int, keep: list | None = None) -> tuple[str, float, str]:
+    """(outcome, seconds, detail) of one analysis (the analysis appended to `keep` if given)."""
     structure.cache_clear()
     t0 = time.perf_counter()
     try:
         a = analyze(pattern, n)
+        if keep is not None:
+            keep.append(a)
     except AnalysisError as e:
         dt = time.perf_counter() - t0
         msg = str(e)
@@ -107,6 +109,13 @@ HARD = {
     "chunks of 65536 + chunks of 65535 (period 2^32 - 2^16)": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
                                                                   + (Rect(size=(65535, 65535)) >> Diag(0, 1)))
                                                                  * Causal(),
+    "prefix-LM block (65536 keys to the end) + window 1024": lambda: (Rect(cols=(0, 65536)) + Diag(0, 1024))
+                                                                   * Causal(),
+    "chunks of 65536 + a strided diagonal (stride 65536)": lambda: ((Rect(size=(65536, 65536)) >> Diag(0, 1))
+                                                                  + Diag(0, None, stride=65536)) * Causal(),
+    "drifting spread + doubly negated strided band (no period)": lambda: (
+        ((Rect(rows=(0, 3), cols=(0, 1)) * Rect(rows=(None, 2), cols=(0, 1), stride=(2, 1), offset=(1, 0)))
+         >> Diag(5, 3, stride=2)) + ~~Diag(3, 3, stride=2)) * Causal(),
     "two-scale block-local with strides": lambda: ((Rect(size=(64, 64)) >> Diag(0, 2))
                                                    + (Rect(size=(16, 16)) >> Diag(0, 4)) * Rect(stride=(1, 2)))
                                                   * Causal(),
@@ -116,10 +125,17 @@ HARD = {
 def hard_cases(n: int, markdown: bool) -> None:
     print(f"\ncompositions of issue 11 at max_len {n}:\n")
     if markdown:
-        print("| pattern | outcome | analyze (s) | detail |\n|---|---|---:|---|")
+        print("| pattern | outcome | analyze (s) | report() (s) | detail |\n|---|---|---:|---:|---|")
     for name, make in HARD.items():
-        kind, dt, detail = _timed(make(), n)
-        print(f"| {name} | {kind} | {dt:.2f} | {detail} |" if markdown else f"{name:45s} {kind:22s} {dt:7.2f} s  {detail}")
+        kept: list = []
+        kind, dt, detail = _timed(make(), n, kept)
+        rt = float("nan")
+        if kept:
+            t0 = time.perf_counter()
+            kept[0].report()
+            rt = time.perf_counter() - t0
+        print(f"| {name} | {kind} | {dt:.2f} | {rt:.2f} | {detail} |" if markdown
+              else f"{name:45s} {kind:22s} {dt:7.2f} s  report {rt:6.2f} s  {detail}")
 
 
 def main() -> None:

@@ -250,8 +250,11 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
             acc = _inside(t, acc, axis, fixed, ctx)
         return acc
     if isinstance(p, Or):
-        # Each term only inside the gaps the terms before it leave.
-        terms = sorted(p.terms, key=_fineness)
+        # Each term only inside the gaps the terms before it leave: the terms of fewest runs a
+        # line first (a complement of a short band fills nearly everything and leaves a few gaps
+        # for a strided diagonal to fill cell by cell; the other way round the diagonal alone
+        # makes a run every few cells), then the least strided.
+        terms = sorted(p.terms, key=lambda t: (_runs_bound(t), _fineness(t)))
         acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
         for t in terms[1:]:
             gaps = _complement(acc, lo, hi)
@@ -270,6 +273,26 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
 def _single_run(p: Pattern) -> bool:
     """A primitive with at most one run on every line (an unstrided Diag or Rect)."""
     return (isinstance(p, Diag) and p.stride == 1) or (isinstance(p, Rect) and p.stride == (1, 1))
+
+
+def _runs_bound(p: Pattern) -> float:
+    """A bound on the runs a term has on any line, from the tree (inf: grows with the line, as
+    a strided primitive without an end does); used only to order the terms of a sum."""
+    if isinstance(p, Diag):
+        return 1 if p.stride == 1 else (float("inf") if p.size is None else -(-p.size // p.stride))
+    if isinstance(p, Rect):
+        bound = 1.0
+        for (a, b), s in zip((p.rows, p.cols), p.stride):
+            if s > 1:
+                bound *= float("inf") if a is None or b is None else -(-(b - a) // s)
+        return bound
+    if isinstance(p, Dynamic):
+        return 1
+    if isinstance(p, Not):
+        return _runs_bound(p.a) + 1
+    if isinstance(p, (And, Or)):
+        return sum(_runs_bound(t) for t in p.terms)
+    return float("inf")                     # a spread: a run per on-block at least
 
 
 def _fineness(p: Pattern) -> int:
