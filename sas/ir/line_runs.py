@@ -240,9 +240,11 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         return _complement(_runs(p.a, axis, fixed, lo, hi, ctx), lo, hi)
     if isinstance(p, And):
         # Each term only inside the runs of the terms before it (primitives of one run per
-        # line first, finest terms last): the intermediate runs never outnumber the coarsest
-        # term's, and a band (`Causal()`) bounds the range of everything after it.
-        terms = sorted(p.terms, key=lambda t: (not _single_run(t), _fineness(t)))
+        # line first, then the fewest runs a line, finest terms last): the intermediate runs
+        # never outnumber the coarsest term's, a band (`Causal()`) bounds the range of
+        # everything after it, and a bounded strided Rect is read before an endless strided
+        # Diag (which alone makes a run every few cells of every line).
+        terms = sorted(p.terms, key=lambda t: (not _single_run(t), _runs_bound(t), _fineness(t)))
         acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
         for t in terms[1:]:
             if len(acc) == 0:
