@@ -18,7 +18,7 @@ so a block-local pattern has 3 events, not 3 per key.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,25 +201,46 @@ def _borders(cols: ColumnShapes) -> _Borders:
                     every_p, every_w, ptr, dist)
 
 
-def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int], tuple, list[Bound]]]:
-    """Interior classes, in order, grouped greedily: a used class joins the group of the used
-    class before it when, for every border, all members agree on the border's distance from
-    the key (anchor `key`) or on its distance from the period start (anchor `period`)."""
+def _pair_codes_uniform(cols: ColumnShapes, bd: _Borders) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`_pair_codes` when every interior class is used and all have the same key (so as many
+    borders, stored one class after the other): the borders as a [P, L] view, compared row by
+    row, in int8 (a million classes: a few MB, not a few hundred)."""
+    T, P = cols.T, cols.P
+    if P < 2 or not bd.used[T:].all():
+        return None
+    for f in (bd.forever, bd.n_head, bd.n_tail, bd.D, bd.every_p, bd.every_w):
+        fs = f[T:T + P]
+        if not (fs == fs[0]).all():
+            return None
+    lc = int(bd.ptr[T + 1] - bd.ptr[T])
+    flat = bd.dist[bd.ptr[T]:bd.ptr[T + P]].reshape(P, lc)
+    da, db = flat[:-1], flat[1:]
+    eq = db == da
+    per = (db + 1 == da) & ~eq
+    code = eq.view(np.int8) | (per.view(np.int8) << 1)          # [P - 1, L]: 1 key, 2 period, 0 neither
+    pair_ok = (code != 0).all(axis=1)
+    same_next = pair_ok[:-1] & pair_ok[1:] & (code[:-1] == code[1:]).all(axis=1)
+    return pair_ok, same_next, code
+
+
+def _pair_codes(cols: ColumnShapes, bd: _Borders, r: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, Callable[[int], np.ndarray]]:
+    """For consecutive used classes r[k], r[k + 1]: whether they may share events (`pair_ok`),
+    whether pairs k and k + 1 agree on every border's anchor (`same_next`), and the anchor
+    codes of pair k (one per border: 1 = same distance from the key, 2 = same distance from
+    the period start)."""
+    uni = _pair_codes_uniform(cols, bd)
+    if uni is not None:
+        pair_ok, same_next, code = uni
+        return pair_ok, same_next, lambda k: code[k]
     T = cols.T
-    r = np.flatnonzero(bd.used[T:]).astype(np.int64)        # used classes
-    if len(r) == 0:
-        return []
-    whole = len(r) == cols.P                  # every class used: gathers over s are slices
     s = T + r
-    sl = slice(T, T + cols.P) if whole else s
     same_key = np.ones(len(r) - 1, dtype=bool)
     for f in (bd.forever, bd.n_head, bd.n_tail, bd.D, bd.every_p, bd.every_w):
-        fs = f[sl]
+        fs = f[s]
         same_key &= fs[1:] == fs[:-1]
-    # per border of each pair of consecutive used classes: 1 = same distance (key anchor),
-    # 2 = same distance from the period start (period anchor), 0 = neither
-    ps = bd.ptr[sl]                           # first border of each used class
-    L = (bd.ptr[T + 1:T + 1 + cols.P] if whole else bd.ptr[s + 1]) - ps
+    ps = bd.ptr[s]                            # first border of each used class
+    L = bd.ptr[s + 1] - ps
     pairs = np.flatnonzero(same_key)
     cnt = L[pairs + 1]
     rep = np.repeat(pairs, cnt)
@@ -227,8 +248,7 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int
     ib = ps[rep + 1] + within                 # the second member's borders
     da = bd.dist[ps[rep] + within]
     db = bd.dist[ib]
-    step = 1 if whole else r[rep + 1] - r[rep]
-    code = np.where(db == da, 1, np.where(db + step == da, 2, 0))
+    code = np.where(db == da, 1, np.where(db + r[rep + 1] - r[rep] == da, 2, 0))
     pair_ok = np.zeros(len(r) - 1, dtype=bool)
     bad = np.bincount(rep[code == 0], minlength=len(r) - 1)
     pair_ok[pairs] = bad[pairs] == 0
@@ -244,6 +264,18 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int
     same_next = np.zeros(max(len(r) - 2, 0), dtype=bool)
     if len(q):
         same_next[q] = np.bincount(rq[diff], minlength=len(r) - 2)[q] == 0
+    return pair_ok, same_next, lambda k: code_at[ps[k + 1]:ps[k + 1] + L[k + 1]]
+
+
+def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int], tuple, list[Bound]]]:
+    """Interior classes, in order, grouped greedily: a used class joins the group of the used
+    class before it when, for every border, all members agree on the border's distance from
+    the key (anchor `key`) or on its distance from the period start (anchor `period`)."""
+    T = cols.T
+    r = np.flatnonzero(bd.used[T:]).astype(np.int64)        # used classes
+    if len(r) == 0:
+        return []
+    pair_ok, same_next, codes_of = _pair_codes(cols, bd, r)
     # run_end[p]: the last pair of the run of equal codes starting at pair p
     idx = np.arange(len(same_next), dtype=np.int64)
     stop_at = np.where(same_next, len(same_next), idx)
@@ -251,15 +283,14 @@ def _merge_interior(cols: ColumnShapes, bd: _Borders) -> list[tuple[Sequence[int
     out: list[tuple[Sequence[int], tuple, list[Bound]]] = []
     i = 0
     while i < len(r):
-        si = int(s[i])
+        si = T + int(r[i])
         key, dist = bd.key(si), bd.borders(si)
         if i + 1 < len(r) and pair_ok[i]:
             j = int(run_end[i]) if i < len(run_end) else i      # last pair of the group
             lo, hi = int(r[i]), int(r[j + 1]) + 1
             # consecutive classes as a range (a million of them for a period as long as the sequence)
             members = range(lo, hi) if hi - lo == j + 2 - i else r[i:j + 2].tolist()
-            codes = code_at[bd.ptr[s[i + 1]]:bd.ptr[s[i + 1] + 1]]
-            bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + lo) for d, c in zip(dist, codes)]
+            bounds = [Bound(KEY, d) if c == 1 else Bound(PERIOD, d + lo) for d, c in zip(dist, codes_of(i).tolist())]
             out.append((members, key, bounds))
             i = j + 2
         else:

@@ -134,13 +134,24 @@ def _translates(cols: ColumnShapes, shapes: np.ndarray) -> np.ndarray:
     return out
 
 
-def _runs(cols: ColumnShapes, start: int, stop: int) -> list[tuple[int, int]]:
-    """Maximal ranges of consecutive shapes in [start, stop) that are translates of each other."""
+#: Shapes compared per pass when cutting a period into groups (a pass stops the search once
+#: it has found more cuts than a period keeps).
+CUT_CHUNK = 1 << 16
+
+
+def _runs(cols: ColumnShapes, start: int, stop: int, max_runs: int | None = None) -> list[tuple[int, int]] | None:
+    """Maximal ranges of consecutive shapes in [start, stop) that are translates of each other;
+    None as soon as there are more than `max_runs` of them (read CUT_CHUNK shapes at a time)."""
     if stop <= start:
         return []
-    ok = _translates(cols, np.arange(start, stop, dtype=np.int64))
-    cuts = start + 1 + np.flatnonzero(~ok)
-    edges = [start, *cuts.tolist(), stop]
+    cuts: list[int] = []
+    for c0 in range(start, stop, CUT_CHUNK):
+        c1 = min(stop, c0 + CUT_CHUNK + 1)              # one shape of overlap: the pair across
+        ok = _translates(cols, np.arange(c0, c1, dtype=np.int64))
+        cuts += (c0 + 1 + np.flatnonzero(~ok)).tolist()
+        if max_runs is not None and len(cuts) + 1 > max_runs:
+            return None
+    edges = [start, *cuts, stop]
     return list(zip(edges[:-1], edges[1:]))
 
 
@@ -150,8 +161,8 @@ def decompose(cols: ColumnShapes, n: int, max_groups: int = 64) -> tuple[Group, 
     for a, b in _runs(cols, 0, min(T, n)):
         spans.append((a, b, None, "boundary"))
     if n > T:
-        runs = _runs(cols, T, T + P)
-        if len(runs) > 8:   # fine striding: every column differs, keep the period whole
+        runs = _runs(cols, T, T + P, max_runs=8)
+        if runs is None:    # fine striding: every column differs, keep the period whole
             runs = [(T, T + P)]
         for a, b in runs:
             if a < n:
