@@ -15,6 +15,10 @@ import numpy as np
 from sas.analysis.columns import ColumnShapes
 
 
+#: Keys whose last use is computed per pass.
+CHUNK = 1 << 16
+
+
 def live_counts(cols: ColumnShapes, n: int, a: int, b: int) -> np.ndarray:
     """live(i) for i in [a, b), exactly, touching O(window + period) keys."""
     T, P, Q = cols.T, cols.P, cols.Q
@@ -22,11 +26,17 @@ def live_counts(cols: ColumnShapes, n: int, a: int, b: int) -> np.ndarray:
     lo = max(0, a - K)
     # boundary keys below lo, then every key of [lo, b): sorted, distinct
     explicit = np.concatenate([np.arange(min(T, lo)), np.arange(lo, b)]).astype(np.int64)
-    L = cols.last_use(explicit, n)
-    start = np.maximum(explicit, a)
-    stop = np.minimum(L, b - 1)
-    keep = stop >= start
-    diff = np.bincount(start[keep] - a, minlength=b - a + 1) - np.bincount(stop[keep] - a + 1, minlength=b - a + 1)
+    # CHUNK keys at a time (last_use's temporaries reused), each key's live range [start, stop]
+    starts, stops = [], []
+    for c0 in range(0, len(explicit), CHUNK):
+        e = explicit[c0:c0 + CHUNK]
+        start = np.maximum(e, a)
+        stop = np.minimum(cols.last_use(e, n), b - 1)
+        keep = stop >= start
+        starts.append(start[keep] - a)
+        stops.append(stop[keep] - a + 1)
+    diff = (np.bincount(np.concatenate(starts), minlength=b - a + 1)
+            - np.bincount(np.concatenate(stops), minlength=b - a + 1))
     live = np.cumsum(diff)[:-1]
     if lo > T:
         # Keys in [T, lo) are far behind the window: count them per residue of lcm(P, Q).

@@ -81,9 +81,19 @@ def _ring_ok(cols: ColumnShapes, keys: KeySet, C: int, n: int) -> bool:
         live = cols.last_use(j, n)
         if np.any((nxt < n) & (live >= nxt)):
             return False
-    # Interior classes, all at once: the successor distance depends on the class only.
-    j0 = cols.T + np.arange(cols.P, dtype=np.int64)
-    j0 = j0[(j0 < n) & keys.contains(j0)]
+    # Interior classes, CHUNK_CLASSES at a time: the successor distance depends on the class only.
+    hi = min(cols.T + cols.P, n)
+    return all(_ring_ok_classes(cols, keys, C, n, np.arange(c0, min(hi, c0 + CHUNK_CLASSES), dtype=np.int64))
+               for c0 in range(cols.T, hi, CHUNK_CLASSES))
+
+
+#: Interior classes checked per pass of `_ring_ok` (its temporaries reused from pass to pass).
+CHUNK_CLASSES = 1 << 16
+
+
+def _ring_ok_classes(cols: ColumnShapes, keys: KeySet, C: int, n: int, j0: np.ndarray) -> bool:
+    """`_ring_ok` for the interior classes of the keys j0 (T <= j0 < min(T + P, n))."""
+    j0 = j0[keys.contains(j0)]
     delta = keys.unrank(keys.rank(j0) + C) - j0
     near = j0 + delta < n
     j0, delta = j0[near], delta[near]
