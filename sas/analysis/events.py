@@ -140,14 +140,16 @@ def _borders(cols: ColumnShapes) -> _Borders:
     # (D = T - j: the keys of a prefix, each attended to the end) then have the same borders and
     # share their events. Interior classes keep their common D (one D for all of them is what
     # lets `_merge_interior` join classes).
-    D_shape = cols.D.copy()
-    counts = np.diff(cols.ptr)
+    counts = cols.counts
     has = np.flatnonzero(cols.forever[:cols.T] & (counts[:cols.T] > 0))
     last = cols.ptr[has + 1] - 1
     whole = (b[last] == cols.D[has] + cols.Q) & (a[last] <= cols.D[has])
-    D_shape[has[whole]] = a[last[whole]]
-    b = b.copy()
-    b[last[whole]] = a[last[whole]] + cols.Q
+    D_shape = cols.D
+    if whole.any():
+        D_shape = cols.D.copy()
+        D_shape[has[whole]] = a[last[whole]]
+        b = b.copy()
+        b[last[whole]] = a[last[whole]] + cols.Q
     fv, D = cols.forever[rs], D_shape[rs]
     # head pieces: the runs (clipped to [0, D) for forever columns); tail pieces: the runs in [D, D + Q)
     hb = np.where(fv, np.minimum(b, D), b)
@@ -168,7 +170,7 @@ def _borders(cols: ColumnShapes) -> _Borders:
         same = np.flatnonzero(hs[1:] == hs[:-1])
         every &= _segment_all_equal(hb - ha, hs, S) & _segment_all_equal(ha[1:][same] - ha[:-1][same],
                                                                           hs[1:][same], S)
-    n_head = np.where(every, 2, 2 * nh)
+    n_head = np.where(every, 2, 2 * nh) if every.any() else 2 * nh
     n_tail = 2 * nt
     ptr = np.zeros(S + 1, dtype=np.int64)
     np.cumsum(n_head + n_tail, out=ptr[1:])
@@ -177,7 +179,9 @@ def _borders(cols: ColumnShapes) -> _Borders:
     dist = np.empty(int(ptr[-1]), dtype=np.int64)
     every_p = np.zeros(S, dtype=np.int64)
     every_w = np.zeros(S, dtype=np.int64)
-    at = ptr[hs] + 2 * (np.arange(len(ha), dtype=np.int64) - hptr[hs])
+    at = ptr[hs]                              # the k-th head piece of a shape at ptr + 2k
+    if len(ha) > S or (len(ha) and int(nh.max()) > 1):
+        at = at + 2 * (np.arange(len(ha), dtype=np.int64) - hptr[hs])
     ev = np.flatnonzero(every)
     if len(ev):
         plain = ~every[hs]
