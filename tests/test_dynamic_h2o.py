@@ -95,6 +95,15 @@ def test_table1_static_plus_h2o_matches_plain_reference(name, refresh):
                         seed=len(name))
 
 
+@pytest.mark.parametrize("refresh", [False, True])
+def test_static_part_whose_period_passes_the_sequence(refresh):
+    """Chunks of 6 plus chunks of 5 have period 30, longer than the 28 tokens here: the plan
+    reads the region up to max_len (`Structure.within`); H2O on what the chunks leave uncovered
+    still equals the plain reference."""
+    static = ((Rect(size=(6, 6)) >> Diag(0, 1)) + (Rect(size=(5, 5)) >> Diag(0, 1))) * Causal()
+    check_against_plain(static, Causal() * ~static, Dynamic(budget=3, refresh=refresh), N=28, prefill=9, seed=11)
+
+
 def test_table1_mask_checks_against_reference_figures():
     """The scaled patterns keep the reference-figures.md definitions (with scaled constants)."""
     n = 40

@@ -93,6 +93,13 @@ def test_table1_static_plus_h2o(name, refresh):
           seed=len(name))
 
 
+def test_static_part_whose_period_passes_max_len():
+    """Chunks of 9 plus chunks of 8 (period 72) under max_len 64: the kernel's plan reads the
+    region up to max_len (`Structure.within`) and still equals the plain H2O reference."""
+    static = ((Rect(size=(9, 9)) >> Diag(0, 1)) + (Rect(size=(8, 8)) >> Diag(0, 1))) * Causal()
+    check(static, Causal() * ~static, Dynamic(budget=3), N=26, prefill=9, B=1, Hq=2, Hkv=1, seed=4)
+
+
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=static_plus_h2o(), refresh=st.booleans(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
 def test_random_static_plus_h2o(case, refresh, prefill, seed):
