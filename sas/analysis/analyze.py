@@ -145,10 +145,11 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     if pattern is not user_pattern:
         notes.append(f"parameters larger than max_len={n} clamped (exact on positions < {n}): analysed as {pattern!r}")
     st = structure(pattern)
-    if st.within(n) is not st:
+    seen = st.within(n)
+    if seen is not st:
         notes.append(f"the period {st.P} (from boundary {st.T}) is longer than max_len={n}: no key repeats within "
-                     f"the sequence, analysed with period {st.within(n).P}")
-        st = st.within(n)
+                     f"the sequence, analysed with period {seen.P}")
+        st = seen
     cols: ColumnShapes | None = None
     minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:

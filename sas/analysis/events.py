@@ -180,7 +180,7 @@ def _borders(cols: ColumnShapes) -> _Borders:
     every_p = np.zeros(S, dtype=np.int64)
     every_w = np.zeros(S, dtype=np.int64)
     at = ptr[hs]                              # the k-th head piece of a shape at ptr + 2k
-    if len(ha) > S or (len(ha) and int(nh.max()) > 1):
+    if len(ha) and int(nh.max()) > 1:
         at = at + 2 * (np.arange(len(ha), dtype=np.int64) - hptr[hs])
     ev = np.flatnonzero(every)
     if len(ev):

@@ -270,12 +270,11 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
     full = substitute(work, dyn, _EVERYTHING)
     region = And(full, Not(static))
     # a period longer than max_len: no key repeats within it (`Structure.within`)
-    st = structure(region) if max_len is None else structure(region).within(max_len)
+    st = structure(region).within(max_len)
     cols: ColumnShapes | None = None
     last_table = None
     if st.periodic and structure(full).periodic:
-        st_full = structure(full) if max_len is None else structure(full).within(max_len)
-        bad = upper_triangle_clear(full, st_full)
+        bad = upper_triangle_clear(full, structure(full).within(max_len))
         if bad is not None:
             raise PatternError(f"{pattern!r} is not causal (query {bad[0]} may attend key {bad[1]}); dynamic "
                                f"selection runs query by query: multiply the pattern by Causal()")

@@ -279,7 +279,7 @@ def _single_run(p: Pattern) -> bool:
 
 def _runs_bound(p: Pattern) -> float:
     """A bound on the runs a term has on any line, from the tree (inf: grows with the line, as
-    a strided primitive without an end does); used only to order the terms of a sum."""
+    a strided primitive without an end does); used only to order the terms of sums and products."""
     if isinstance(p, Diag):
         return 1 if p.stride == 1 else (float("inf") if p.size is None else -(-p.size // p.stride))
     if isinstance(p, Rect):

@@ -39,13 +39,13 @@ class Structure:
     row_period: int | None = None
     col_period: int | None = None
 
-    def within(self, n: int) -> "Structure":
+    def within(self, n: int | None) -> "Structure":
         """The description as sequences of at most n tokens see it: where the boundary and one
         period pass n (a period longer than the sequence, e.g. the least common multiple of two
         chunk sizes), the period becomes n - T. No key of such a sequence has a later copy in
         its class then, so the diagonal guarantee holds vacuously, and the analysis reads
-        min(T + P, n) columns instead of T + P."""
-        if not self.periodic or self.T + self.P <= n:
+        min(T + P, n) columns instead of T + P. n = None (any length): unchanged."""
+        if n is None or not self.periodic or self.T + self.P <= n:
             return self
         return replace(self, P=max(int(n) - self.T, 1))
 

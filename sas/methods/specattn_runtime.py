@@ -15,13 +15,13 @@ of the chunks loaded (what the kernel reads) per (batch, KV head).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Mapping
 
 import torch
 
 from sas.dynamic.plan import DynamicPlan
 from sas.errors import KernelError, NotYetSupportedError
+from sas.methods.direct_launch import DirectLaunch, interpreting
 from sas.methods.saap_dynamic import sink_window
 from sas.methods.partials_triton import merge_partials_kernel
 from sas.methods.specattn import check_step_scores, step_rows
@@ -29,7 +29,6 @@ from sas.methods.specattn_triton import CHUNK_KEYS, specattn_attn_kernel, specat
 from sas.methods.threshold import expand_chunks
 from sas.methods.threshold_triton import threshold_select
 from sas.plan import Plan
-from sas.methods.direct_launch import DirectLaunch
 
 LOG2E = 1.4426950408889634
 #: 16-key chunks per program of the attention kernel
@@ -192,7 +191,7 @@ class SpecAttnRuntime:
               (qc, self.k, self.v, selc, visit, count, o_part, m_part, l_part, self.max_len, selc.shape[1], self.chunk,
                nch, rows, lq, d, i0, self.sink, self.window, CHUNKS_PER_PROGRAM, scale * LOG2E),
               dict(BLOCK_R=br, BLOCK_C=4, BLOCK_D=bd, DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
-                   UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"))
+                   UPCAST=self.k.dtype == torch.bfloat16 and interpreting()))
         out = torch.empty(b * hkv, rows, d, dtype=q.dtype, device=q.device)
         _MERGE((b * hkv,), (o_part, m_part, l_part, out, s, s, rows, d), dict(BLOCK_G=br, BLOCK_D=bd))
         return out.reshape(b, hq, lq, d)
