@@ -182,6 +182,9 @@ def main() -> None:
                     help="at the largest length: CUDA prefill with block_n 64 and 32, CUDA decode with a few "
                          "(waves, min_slots) split choices")
     ap.add_argument("--gqa-batch", type=int, default=16)
+    ap.add_argument("--baseline-arch", default=None,
+                    help="with --sweep: also time the prefill built for this target (e.g. sm_90, the mma.sync "
+                         "kernel, against the default sm_90a wgmma kernel on an H100)")
     args = ap.parse_args()
 
     dev = torch.device("cuda")
@@ -291,6 +294,22 @@ def main() -> None:
                         traceback.print_exc()
                         sweep.append({"pattern": name, "N": N, "what": f"prefill block_n={bn}", "error": repr(e)[:300]})
                 ck.runtime.block_n = old
+                if args.baseline_arch:   # the same plan's prefill built for another target (sm_90: mma.sync)
+                    try:
+                        from sas.runtime.cuda import CudaRuntime
+                        base = CudaRuntime(ck.plan, arch=args.baseline_arch)
+                        base.ensure_built(dtype, D)
+                        err = rel_err(base.prefill(q, k, v), ck(q, k, v))
+                        for bn in (64, 32):
+                            base.block_n = bn
+                            ms = median_ms(lambda: base.prefill(q, k, v), False, rep)
+                            what = f"prefill {args.baseline_arch} block_n={bn}"
+                            sweep.append({"pattern": name, "N": N, "what": what, "ms": ms, "rel_err": err})
+                            print(f"sweep N={N} {name:20s} {what} {ms:8.4f} ms (rel err {err:.1e})", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        traceback.print_exc()
+                        sweep.append({"pattern": name, "N": N, "what": f"prefill {args.baseline_arch}",
+                                      "error": repr(e)[:300]})
                 sweep += decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev)
             dump()
         del q, k, v

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.analysis import analyze
 from sas.codegen.compile import compile_pattern
-from sas.codegen.cuda_backend import check_compiles, render_cuda, render_loader, trim_message
+from sas.codegen.cuda_backend import (arch_flags, check_compiles, device_arch, nvcc_command, render_cuda, render_loader,
+                                      trim_message)
 from sas.codegen.printers import find_function, lower_function, lower_predicate, table_refs
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
@@ -165,7 +166,9 @@ def test_nvcc_compiles_table1_and_random_compositions():
         decodes += cs.decode
         sources.append(cs.source)
     assert decodes >= 7
-    check_compiles("\n".join(sources), "sm_90", dtype=0, head_dim=64, minimal=True)
+    # sm_90a: the Hopper build (-DSAS_WGMMA), whose minimal instantiation holds both prefill
+    # kernels (wgmma, and the portable mma.sync one other targets use) and the decode
+    check_compiles("\n".join(sources), "sm_90a", dtype=0, head_dim=64, minimal=True)
 
 
 @needs_nvcc
@@ -181,6 +184,16 @@ def test_compile_backend_cuda_writes_kernels_and_loader(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.CACHE_SIZE == 28 and mod.HAS_DECODE
+
+
+def test_targets_and_their_defines():
+    assert device_arch(9, 0) == "sm_90a" and device_arch(8, 0) == "sm_80" and device_arch(12, 0) == "sm_120"
+    assert arch_flags("sm_90a") == ["-DSAS_WGMMA"] and arch_flags("sm_90") == [] and arch_flags("sm_80") == []
+    cmd = nvcc_command("nvcc", "sm_90a", "k.cu", "k.o")
+    assert "-DSAS_WGMMA" in cmd and "-gencode=arch=compute_90a,code=sm_90a" in cmd
+    assert "-DSAS_WGMMA" not in nvcc_command("nvcc", "sm_90", "k.cu", "k.o")
+    with pytest.raises(KernelError, match="not a CUDA target"):
+        arch_flags("hopper")
 
 
 # --- the loader's torch parts ------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.resources import data_folder
 
 #: bump when the templates change (part of every cache key)
-CUDA_TEMPLATE_VERSION = "cuda-1"
+CUDA_TEMPLATE_VERSION = "cuda-2"
 SUPPORTED_HEAD_DIMS = (64, 128)
 #: dtype name -> the code the entry points take
 CUDA_DTYPES = {"bfloat16": 0, "float16": 1}
@@ -208,6 +208,18 @@ def check_arch(arch: str) -> str:
     return arch
 
 
+def device_arch(major: int, minor: int) -> str:
+    """The target for a device of compute capability (major, minor): Hopper (9.0) builds for
+    sm_90a, whose prefill kernel uses warpgroup MMA (wgmma); other devices for sm_<major><minor>."""
+    return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+
+def arch_flags(arch: str) -> list[str]:
+    """Defines a target implies: sm_90a (the architecture-specific Hopper target) enables the
+    wgmma prefill kernel (-DSAS_WGMMA); plain sm_90 keeps the mma.sync kernel."""
+    return ["-DSAS_WGMMA"] if check_arch(arch) == "sm_90a" else []
+
+
 def config_flags(dtype: int | None = None, head_dim: int | None = None, minimal: bool = False) -> list[str]:
     """nvcc defines restricting a build to one element type code / head dim (None: all);
     `minimal`: one prefill and one decode instantiation (compile checks of many patterns)."""
@@ -219,8 +231,8 @@ def nvcc_command(nvcc: str, arch: str, src: str, out: str, *, shared: bool = Tru
                  head_dim: int | None = None, minimal: bool = False) -> list[str]:
     num = check_arch(arch)[3:]
     gencode = f"-gencode=arch=compute_{num},code=sm_{num}"
-    return [nvcc, *NVCC_FLAGS, *config_flags(dtype, head_dim, minimal), gencode, "--shared" if shared else "-c", src, "-o",
-            out]
+    return [nvcc, *NVCC_FLAGS, *config_flags(dtype, head_dim, minimal), *arch_flags(arch), gencode,
+            "--shared" if shared else "-c", src, "-o", out]
 
 
 def trim_message(text: str, limit: int = MESSAGE_CHARS) -> str:

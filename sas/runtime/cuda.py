@@ -23,6 +23,7 @@ from sas.codegen.cuda_backend import (
     CUDA_DTYPES,
     SUPPORTED_HEAD_DIMS,
     build_library,
+    device_arch,
     find_nvcc,
     render_cuda,
     render_loader,
@@ -72,8 +73,7 @@ class CudaRuntime:
             if not torch.cuda.is_available():
                 raise KernelError("SASAttnKernel: backend='cuda' needs a CUDA device (none is visible); use "
                                   "backend='triton' (TRITON_INTERPRET=1 on the CPU) or 'torch'")
-            major, minor = torch.cuda.get_device_capability()
-            arch = f"sm_{major}{minor}"
+            arch = device_arch(*torch.cuda.get_device_capability())
         self.arch = arch
         self.nvcc = find_nvcc()
         self._directory = Path(cache_dir) / "cuda" if cache_dir is not None else None
