@@ -54,7 +54,7 @@ def test_printers_differ_only_in_spelling():
     names = {"i": "qi", "j": "kj"}
     assert lower_expr(node, names, boolean=True) == "((((qi - kj) % 4) == 0) & (((kj < 3) | ((qi // 2) > 7)) == 0))"
     assert lower_expr(node, names, boolean=True, dialect="cpp") == \
-        "((((qi - kj) % 4) == 0) && (!((kj < 3) || ((qi / 2) > 7))))"
+        "((((qi - kj) % 4) == 0) & (!((kj < 3) | ((qi / 2) > 7))))"
     assert lower_expr(ast.parse("x if x > 3 else 5000000000", mode="eval").body, {"x": "x"}, dialect="cpp") == \
         "((x > 3) ? x : 5000000000LL)"
 

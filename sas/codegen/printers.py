@@ -18,7 +18,7 @@ and table guards. A `Printer` only spells the result:
   `TABLE[x]` a masked load (Triton) or a clamped gather (torch) reading 0 where `x` is outside
   `[0, len(TABLE))`; Python would only evaluate such an index under a true guard, here it is
   evaluated anyway and the mask keeps it in bounds.
-- C++ uses `&&` / `||` / `?:` on `bool` and the kernel's integer type, and `TABLE[x]` reads
+- C++ uses `&` / `|` (every term evaluated) / `?:` on `bool` and the kernel's integer type, and `TABLE[x]` reads
   `((x) >= 0 && (x) < n) ? tbl[x] : 0`; constants outside the 32-bit range carry an `LL`
   suffix, so the arithmetic is done in 64 bits exactly where Triton would promote too.
 
@@ -205,11 +205,14 @@ class CppPrinter(Printer):
     def binop(self, a: str, op: str, b: str) -> str:
         return f"({a} {'/' if op == '//' else op} {b})"
 
+    # Conjunctions and disjunctions evaluate every term (`&` / `|` on bools): the terms are pure
+    # integer tests (constant divisors, guarded table reads), and without short-circuit branches
+    # nvcc predicates a tile's per-cell masks instead of branching on every cell.
     def conj(self, items: Sequence[str]) -> str:
-        return "(" + " && ".join(items) + ")"
+        return "(" + " & ".join(items) + ")"
 
     def disj(self, items: Sequence[str]) -> str:
-        return "(" + " || ".join(items) + ")"
+        return "(" + " | ".join(items) + ")"
 
     def table(self, ref: TableRef, idx: str) -> str:
         return f"((({idx} >= 0) && ({idx} < {ref.length})) ? {ref.arg}[{idx}] : 0)"
