@@ -67,17 +67,18 @@ def check_pattern(name, kern, n, dtype, D, B, H, Hkv, steps, dev, results):
     k = torch.randn(B, Hkv, L, D, device=dev, dtype=dtype, generator=g)
     v = torch.randn(B, Hkv, L, D, device=dev, dtype=dtype, generator=g)
     cases = []
-    # prefill: the square prompt, and suffix queries (the last 37 of n), with 64- and 32-wide tiles
+    # prefill: the square prompt, and suffix queries (the last 37 of n), every tile shape
     lq = min(37, n)
-    for bn in (64, 32):
-        kern.runtime.block_n = bn
+    bm0 = kern.runtime.block_m
+    for bm, bn in ((64, 64), (64, 32), (128, 64), (128, 32)):
+        kern.runtime.block_m, kern.runtime.block_n = bm, bn
         out = kern(q[:, :, :n], k[:, :, :n], v[:, :, :n])
         ref = reference(q[:, :, :n], k[:, :, :n], v[:, :, :n], mask[:n, :n])
-        cases.append((f"prefill_bn{bn}", (out.float() - ref).abs().max().item()))
+        cases.append((f"prefill_{bm}x{bn}", (out.float() - ref).abs().max().item()))
         out = kern(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n])
         ref = reference(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n], mask[n - lq:n, :n])
-        cases.append((f"prefill_suffix_bn{bn}", (out.float() - ref).abs().max().item()))
-    kern.runtime.block_n = None
+        cases.append((f"prefill_suffix_{bm}x{bn}", (out.float() - ref).abs().max().item()))
+    kern.runtime.block_m, kern.runtime.block_n = bm0, None
     # decode: the prompt's cache, then `steps` tokens
     if kern.plan.can_decode and not kern.runtime.source.decode:
         print(f"check {name:22s} n={n:5d}: no CUDA decode ({kern.runtime.source.decode_note[:120]})", flush=True)
@@ -246,7 +247,8 @@ def main() -> None:
                 tk, ck = kernels[(name, N)]
                 C = tk.cache_size
                 row = {"pattern": name, "N": N, "cache_size": C, "sdpa_prefill_ms": sdpa_prefill,
-                       "sdpa_decode_ms": sdpa_decode, "cuda_block_n": ck.runtime.tile_width(N, N),
+                       "sdpa_decode_ms": sdpa_decode, "cuda_block_m": ck.runtime.tile_height(N, N),
+                       "cuda_block_n": ck.runtime.tile_width(N, N),
                        "triton_prefill_config": list(dataclasses.astuple(tk.plan.prefill_config(N, N)))}
                 t_out = tk(q, k, v)
                 c_out = ck(q, k, v)
@@ -283,17 +285,19 @@ def main() -> None:
         if args.sweep and N == max(lengths):
             for name in names:
                 _, ck = kernels[(name, N)]
-                old = ck.runtime.block_n
-                for bn in (64, 32):
-                    try:
-                        ck.runtime.block_n = bn
-                        ms = median_ms(lambda: ck(q, k, v), False, rep)
-                        sweep.append({"pattern": name, "N": N, "what": f"prefill block_n={bn}", "ms": ms})
-                        print(f"sweep N={N} {name:20s} prefill block_n={bn:3d} {ms:8.4f} ms", flush=True)
-                    except Exception as e:  # noqa: BLE001
-                        traceback.print_exc()
-                        sweep.append({"pattern": name, "N": N, "what": f"prefill block_n={bn}", "error": repr(e)[:300]})
-                ck.runtime.block_n = old
+                old = ck.runtime.block_m, ck.runtime.block_n
+                for bm in (64, 128):
+                    for bn in (64, 32):
+                        what = f"prefill block_m={bm} block_n={bn}"
+                        try:
+                            ck.runtime.block_m, ck.runtime.block_n = bm, bn
+                            ms = median_ms(lambda: ck(q, k, v), False, rep)
+                            sweep.append({"pattern": name, "N": N, "what": what, "ms": ms})
+                            print(f"sweep N={N} {name:20s} {what} {ms:8.4f} ms", flush=True)
+                        except Exception as e:  # noqa: BLE001
+                            traceback.print_exc()
+                            sweep.append({"pattern": name, "N": N, "what": what, "error": repr(e)[:300]})
+                ck.runtime.block_m, ck.runtime.block_n = old
                 if args.baseline_arch:   # the same plan's prefill built for another target (sm_90: mma.sync)
                     try:
                         from sas.runtime.cuda import CudaRuntime
