@@ -25,7 +25,7 @@ from strategies import causal_patterns
 pytestmark = pytest.mark.kernels
 
 PO = PrefillOptions(block_m=32, block_n=16, num_warps=4, num_stages=1)
-DO = DecodeOptions(block_n=16, num_warps=4, num_stages=1)
+DO = DecodeOptions(block_n=32, num_warps=4, num_stages=1)
 
 
 def prefill_then_decode(kern, pattern, B=1, Hq=2, Hkv=1, L=72, P=40, D=64, dtype=torch.float32, seed=0):
