@@ -63,11 +63,14 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") 
 settings.load_profile(PROFILE)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests of every module that loads the real SmolLM2 (`model_fixtures.smollm2`) form one
     xdist group (run with `--dist loadgroup`, as `make test` does): one worker converts and
     loads the model while the others run kernel tests, instead of each worker loading it and
-    waiting on the conversion lock."""
+    waiting on the conversion lock. First among the hooks: xdist's own reads the group marker to
+    suffix the node ids (`...@smollm2`), so the marker must be on before it runs (without
+    `tryfirst` both workers loaded the model, 2 x 30 s)."""
     import sys
 
     model_fixtures = sys.modules.get("model_fixtures")      # imported by the modules that use it, if any
