@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.analysis import analyze
 from sas.codegen.compile import compile_pattern
-from sas.codegen.cuda_backend import (arch_flags, check_compiles, device_arch, nvcc_command, render_cuda, render_loader,
-                                      trim_message)
+from sas.codegen.cuda_backend import (WGMMA_ARCH, WGMMA_DEFINE, arch_flags, check_compiles, device_arch, nvcc_command,
+                                      render_cuda, render_loader, trim_message, uses_wgmma)
 from sas.codegen.printers import find_function, lower_function, lower_predicate, table_refs
 from sas.errors import KernelError, NotYetSupportedError, SASError
 
@@ -194,6 +194,10 @@ def test_targets_and_their_defines():
     assert "-DSAS_WGMMA" not in nvcc_command("nvcc", "sm_90", "k.cu", "k.o")
     with pytest.raises(KernelError, match="not a CUDA target"):
         arch_flags("hopper")
+    assert uses_wgmma("sm_90a") and not uses_wgmma("sm_90")
+    # the standalone loader applies the same rule (it carries the constants, not a copy of them)
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    assert (mod.WGMMA_ARCH, mod.WGMMA_DEFINE) == ("sm_90a", "-DSAS_WGMMA") == (WGMMA_ARCH, WGMMA_DEFINE)
 
 
 # --- the loader's torch parts ------------------------------------------------------------------------

@@ -171,7 +171,8 @@ def render_loader(cs: CudaSource, pattern: Any, max_len: int) -> str:
                   tables=[{"arg": f"tbl_{name}", "name_literal": repr(name), "values_literal": repr(values)}
                           for name, values in cs.tables],
                   torch_cache_id_lines=tcid.lines, torch_cache_id_expr=tcid.expr, block_n=BLOCK_N,
-                  nvcc_flags=repr(list(NVCC_FLAGS)), template_version=repr(CUDA_TEMPLATE_VERSION))
+                  nvcc_flags=repr(list(NVCC_FLAGS)), template_version=repr(CUDA_TEMPLATE_VERSION),
+                  wgmma_arch=repr(WGMMA_ARCH), wgmma_define=repr(WGMMA_DEFINE))
     try:
         compile(src, "loader.py", "exec")
     except SyntaxError as e:  # a template bug, never user input
@@ -208,16 +209,26 @@ def check_arch(arch: str) -> str:
     return arch
 
 
+#: The architecture-specific Hopper target (9.0 devices build for it) and the define it implies:
+#: the wgmma prefill kernel. Plain sm_90 keeps the mma.sync one. The rendered loader carries both.
+WGMMA_ARCH = "sm_90a"
+WGMMA_DEFINE = "-DSAS_WGMMA"
+
+
 def device_arch(major: int, minor: int) -> str:
     """The target for a device of compute capability (major, minor): Hopper (9.0) builds for
-    sm_90a, whose prefill kernel uses warpgroup MMA (wgmma); other devices for sm_<major><minor>."""
-    return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+    WGMMA_ARCH, whose prefill kernel uses warpgroup MMA (wgmma); other devices for sm_<major><minor>."""
+    return WGMMA_ARCH if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+
+def uses_wgmma(arch: str) -> bool:
+    """Whether a build for `arch` runs the Hopper (wgmma) prefill."""
+    return check_arch(arch) == WGMMA_ARCH
 
 
 def arch_flags(arch: str) -> list[str]:
-    """Defines a target implies: sm_90a (the architecture-specific Hopper target) enables the
-    wgmma prefill kernel (-DSAS_WGMMA); plain sm_90 keeps the mma.sync kernel."""
-    return ["-DSAS_WGMMA"] if check_arch(arch) == "sm_90a" else []
+    """Defines a target implies (WGMMA_DEFINE for the wgmma prefill)."""
+    return [WGMMA_DEFINE] if uses_wgmma(arch) else []
 
 
 def config_flags(dtype: int | None = None, head_dim: int | None = None, minimal: bool = False) -> list[str]:

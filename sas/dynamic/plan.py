@@ -273,8 +273,9 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
     st = structure(region).within(max_len)
     cols: ColumnShapes | None = None
     last_table = None
-    if st.periodic and structure(full).periodic:
-        bad = upper_triangle_clear(full, structure(full).within(max_len))
+    st_full = structure(full)
+    if st.periodic and st_full.periodic:
+        bad = upper_triangle_clear(full, st_full.within(max_len))
         if bad is not None:
             raise PatternError(f"{pattern!r} is not causal (query {bad[0]} may attend key {bad[1]}); dynamic "
                                f"selection runs query by query: multiply the pattern by Causal()")

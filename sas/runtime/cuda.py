@@ -27,6 +27,7 @@ from sas.codegen.cuda_backend import (
     find_nvcc,
     render_cuda,
     render_loader,
+    uses_wgmma,
 )
 from sas.codegen.triton_backend import load_source
 from sas.errors import KernelError, NotYetSupportedError
@@ -111,7 +112,7 @@ class CudaRuntime:
         (sparser rows: 64-row tiles skip more, 7-60% faster there)."""
         if self.block_m is not None:
             return self.block_m
-        return 128 if self.arch == "sm_90a" and self.plan.schedule(q_len, k_len).options.block_m == 128 else 64
+        return 128 if uses_wgmma(self.arch) and self.plan.schedule(q_len, k_len).options.block_m == 128 else 64
 
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
         """(block_m, block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for
