@@ -320,3 +320,27 @@ def test_runtime_decides_the_tile_width_once_per_length(monkeypatch):
     widths = {rt.tile_width(512, 512) for _ in range(5)}
     tiles = [rt.tile_tensors(512, 512, torch.device("cpu")) for _ in range(3)]
     assert len(widths) == 1 and len(calls) == 1 and tiles[0] is tiles[2]
+
+
+@needs_nvcc
+def test_tile_shapes_refused_and_chosen():
+    """A tile height or width the kernels lack is a KernelError naming it, from the runtime and
+    from the standalone loader, before any work; the automatic height is 128 only on the Hopper
+    target and only where the plan gives Triton 128-row tiles, and the tile lists follow it."""
+    from sas.plan import make_plan
+    from sas.runtime.cuda import CudaRuntime
+
+    plan = make_plan(Causal(), 4096)
+    for kw, name in (({"block_m": 96}, "block_m"), ({"block_n": 128}, "block_n")):
+        with pytest.raises(KernelError, match=f"{name} must be one of"):
+            CudaRuntime(plan, arch="sm_90a", **kw)
+    dense = plan.schedule(4096, 4096).options.block_m == 128
+    assert CudaRuntime(plan, arch="sm_90a").tile_height(4096, 4096) == (128 if dense else 64)
+    assert CudaRuntime(plan, arch="sm_90").tile_height(4096, 4096) == 64
+    rt = CudaRuntime(make_plan(TABLE1_KERNELS["block_local"], 512), arch="sm_90a", block_m=128)
+    bm, bn, fr, fc, pr, pc, order = rt.tile_tensors(512, 512, torch.device("cpu"))
+    assert bm == 128 and len(fr) == 512 // 128 + 1 and len(order) == 512 // 128
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    q = torch.zeros(1, 1, 64, 64, dtype=torch.float16)
+    with pytest.raises(mod.CudaKernelError, match="block_m must be one of"):
+        mod.prefill(q, q, q, *mod.build_tiles(64), block_m=96)
