@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from sas.runtime.cuda import DECODE_KERNELS  # noqa: E402
 from bench_kernels import (CAUSAL, PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms,  # noqa: E402
                            rel_err, write_results)
 
@@ -79,18 +80,22 @@ def check_pattern(name, kern, n, dtype, D, B, H, Hkv, steps, dev, results):
         ref = reference(q[:, :, n - lq:n], k[:, :, :n], v[:, :, :n], mask[n - lq:n, :n])
         cases.append((f"prefill_suffix_{bm}x{bn}", (out.float() - ref).abs().max().item()))
     kern.runtime.block_m, kern.runtime.block_n = bm0, None
-    # decode: the prompt's cache, then `steps` tokens
+    # decode: the prompt's cache, then `steps` tokens, with each decode kernel
     if kern.plan.can_decode and not kern.runtime.source.decode:
         print(f"check {name:22s} n={n:5d}: no CUDA decode ({kern.runtime.source.decode_note[:120]})", flush=True)
     elif kern.plan.can_decode:
-        kc, vc = kern.new_cache(B, Hkv, D, dtype, dev)
-        kern.fill_cache(k[:, :, :n], v[:, :, :n], kc, vc)
-        err = 0.0
-        for p in range(n, n + steps):
-            o = kern(q[:, :, p:p + 1], k[:, :, p:p + 1], v[:, :, p:p + 1], kc, vc, position=p)
-            r = reference(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], mask[p:p + 1, :p + 1])
-            err = max(err, (o.float() - r).abs().max().item())
-        cases.append(("decode", err))
+        kernel0 = kern.runtime.decode_kernel
+        for which in DECODE_KERNELS:
+            kern.runtime.decode_kernel = which
+            kc, vc = kern.new_cache(B, Hkv, D, dtype, dev)
+            kern.fill_cache(k[:, :, :n], v[:, :, :n], kc, vc)
+            err = 0.0
+            for p in range(n, n + steps):
+                o = kern(q[:, :, p:p + 1], k[:, :, p:p + 1], v[:, :, p:p + 1], kc, vc, position=p)
+                r = reference(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], mask[p:p + 1, :p + 1])
+                err = max(err, (o.float() - r).abs().max().item())
+            cases.append((f"decode_{which}", err))
+        kern.runtime.decode_kernel = kernel0
     for what, err in cases:
         ok = err < tol
         results.append({"pattern": name, "n": n, "dtype": str(dtype).removeprefix("torch."), "head_dim": D,
@@ -103,7 +108,8 @@ def run_checks(dev):
     from table1 import TABLE1_KERNELS
 
     results = []
-    configs = [(torch.bfloat16, 128, 1, 4, 4), (torch.float16, 64, 2, 8, 2), (torch.bfloat16, 64, 1, 16, 2)]
+    configs = [(torch.bfloat16, 128, 1, 4, 4), (torch.float16, 64, 2, 8, 2), (torch.bfloat16, 64, 1, 16, 2),
+               (torch.float16, 128, 2, 6, 3)]
     small = {name: SASAttnKernel(p, max_len=512, backend="cuda") for name, p in TABLE1_KERNELS.items()}
     real = {name: SASAttnKernel(load_pattern(name), max_len=2050, backend="cuda") for name in PATTERNS}
     jobs = [(kern, dtype, D) for kern in small.values() for dtype, D, *_ in configs]
@@ -137,26 +143,39 @@ SPLIT_CHOICES = ((2, 128), (4, 64), (8, 64), (8, 32))
 
 
 def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
-    """CUDA decode time under a few split choices (loader.DECODE_WAVES / DECODE_MIN_SLOTS)."""
+    """CUDA decode time of each decode kernel under a few split choices (loader.DECODE_WAVES /
+    DECODE_MIN_SLOTS)."""
     out = []
     mod = ck.runtime.loader
-    saved = (mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS)
+    saved = (mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel)
     kc, vc = ck.new_cache(qd.shape[0], kd.shape[1], qd.shape[3], dtype, dev)
     kc.normal_()
     vc.normal_()
     o = torch.empty_like(qd)
-    for waves, min_slots in SPLIT_CHOICES:
-        try:
-            mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = waves, min_slots
-            ms = median_ms(lambda: ck.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o), True, rep)
-            what = f"decode B={qd.shape[0]} Hq={qd.shape[1]} waves={waves} min_slots={min_slots}"
-            out.append({"pattern": name, "N": N, "what": what, "ms": ms})
-            print(f"sweep N={N} {name:20s} {what} {ms:8.4f} ms", flush=True)
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            out.append({"pattern": name, "N": N, "what": f"decode waves={waves}", "error": repr(e)[:300]})
-    mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = saved
+    for which in DECODE_KERNELS:
+        for waves, min_slots in SPLIT_CHOICES:
+            what = f"decode {which} B={qd.shape[0]} Hq={qd.shape[1]} waves={waves} min_slots={min_slots}"
+            try:
+                mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = waves, min_slots
+                ck.runtime.decode_kernel = which
+                ms = median_ms(lambda: ck.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o), True, rep)
+                out.append({"pattern": name, "N": N, "what": what, "ms": ms})
+                print(f"sweep N={N} {name:20s} {what} {ms:8.4f} ms", flush=True)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                out.append({"pattern": name, "N": N, "what": what, "error": repr(e)[:300]})
+    mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel = saved
     return out
+
+
+def paired_ms(fns, graph, rep, rounds):
+    """Medians of `fns` measured in turn, `rounds` times over (so clock and thermal drift hit all
+    of them alike); each entry is the median of its rounds."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(median_ms(fn, graph, rep))
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def prebuild(kernels, dtype, D):
@@ -175,6 +194,8 @@ def main() -> None:
     ap.add_argument("--patterns", default=",".join(PATTERNS + [CAUSAL]))
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--rep", type=int, default=100, help="timing window per measurement, ms")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="Triton and CUDA are timed in turn this many times; each reports its median round")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--no-gqa", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
@@ -195,7 +216,7 @@ def main() -> None:
 
     meta = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
             "triton": triton.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "dtype": "bfloat16", "heads": H, "head_dim": D, "rep_ms": rep}
+            "dtype": "bfloat16", "heads": H, "head_dim": D, "rep_ms": rep, "rounds": args.rounds}
     t_start = time.time()
     checks = run_checks(dev) if args.check else []
     bw = copy_bandwidth(dev)
@@ -268,13 +289,12 @@ def main() -> None:
                     dbm = create_block_mask(dmm, None, None, 1, N, device=dev)
                     row["cuda_decode_rel_err_vs_flex"] = rel_err(c_dec, flex(qd, k, v, block_mask=dbm))
                     row["flex_decode_ms"] = median_ms(lambda: flex(qd, k, v, block_mask=dbm), True, rep)
-                row["triton_prefill_ms"] = median_ms(lambda: tk(q, k, v), False, rep)
-                row["cuda_prefill_ms"] = median_ms(lambda: ck(q, k, v), False, rep)
+                row["triton_prefill_ms"], row["cuda_prefill_ms"] = paired_ms(
+                    [lambda: tk(q, k, v), lambda: ck(q, k, v)], False, rep, args.rounds)
                 o1, o2 = torch.empty_like(qd), torch.empty_like(qd)
-                row["triton_decode_ms"] = median_ms(
-                    lambda: tk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o1), True, rep)
-                row["cuda_decode_ms"] = median_ms(
-                    lambda: ck.runtime.decode(qd, kd, vd, kc2, vc2, N - 1, out=o2), True, rep)
+                row["triton_decode_ms"], row["cuda_decode_ms"] = paired_ms(
+                    [lambda: tk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o1),
+                     lambda: ck.runtime.decode(qd, kd, vd, kc2, vc2, N - 1, out=o2)], True, rep, args.rounds)
                 row["hbm_floor_decode_ms"] = 2 * C * H * D * 2 / bw * 1e3
                 rows.append(row)
                 print(_fmt(row), flush=True)
@@ -347,10 +367,9 @@ def main() -> None:
                     row["flex_decode_ms"] = median_ms(lambda: flex(qd, k, v, block_mask=dbm, enable_gqa=True),
                                                       True, rep)
                 o1, o2 = torch.empty_like(qd), torch.empty_like(qd)
-                row["triton_decode_ms"] = median_ms(
-                    lambda: tk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o1), True, rep)
-                row["cuda_decode_ms"] = median_ms(
-                    lambda: ck.runtime.decode(qd, kd, vd, kc2, vc2, N - 1, out=o2), True, rep)
+                row["triton_decode_ms"], row["cuda_decode_ms"] = paired_ms(
+                    [lambda: tk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o1),
+                     lambda: ck.runtime.decode(qd, kd, vd, kc2, vc2, N - 1, out=o2)], True, rep, args.rounds)
                 row["hbm_floor_decode_ms"] = 2 * C * B * Hkv * D * 2 / bw * 1e3
                 gqa_rows.append(row)
                 print("GQA " + _fmt(row), flush=True)
@@ -414,12 +433,14 @@ def _markdown(meta, checks, rows, gqa_rows, sweep, summary):
         worst = max((c.get("max_abs_err", 0.0) for c in checks), default=0.0)
         lines += [f"Correctness vs the exact mask: {len(checks) - len(bad)}/{len(checks)} cases within 2e-2 "
                   f"(max abs error {worst:.2e}).", ""]
-    lines += ["## Prefill", "", "| pattern | N | SDPA causal | Flex | Triton | CUDA | CUDA / Triton |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["## Prefill", "", f"Triton and CUDA timed in turn, {meta.get('rounds', 1)} rounds (median round each).", "",
+              "| pattern | N | SDPA causal | Flex | Triton | CUDA | CUDA tile | CUDA / Triton |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "cuda_prefill_ms" in r:
             lines.append(f"| {r['pattern']} | {r['N']} | {g(r, 'sdpa_prefill_ms')} | {g(r, 'flex_prefill_ms')} | "
-                         f"{g(r, 'triton_prefill_ms')} | {g(r, 'cuda_prefill_ms')} | {x(r)} |")
+                         f"{g(r, 'triton_prefill_ms')} | {g(r, 'cuda_prefill_ms')} | "
+                         f"{r.get('cuda_block_m')}x{r.get('cuda_block_n')} | {x(r)} |")
     lines += ["", "## Decode (one token at position N - 1, CUDA-graph replay)", "",
               "| pattern | N | cache slots | SDPA dense | Flex | Triton | CUDA | CUDA / Triton | HBM floor |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -325,18 +325,35 @@ def test_runtime_decides_the_tile_width_once_per_length(monkeypatch):
 @needs_nvcc
 def test_tile_shapes_refused_and_chosen():
     """A tile height or width the kernels lack is a KernelError naming it, from the runtime and
-    from the standalone loader, before any work; the automatic height is 128 only on the Hopper
-    target and only where the plan gives Triton 128-row tiles, and the tile lists follow it."""
+    from the standalone loader, before any work. The automatic shape: 128 rows only on the Hopper
+    target and only for near-dense rows (>= 64 tiles of 64 x 64 per query block); 32-wide tiles
+    where they compute >= 10% fewer cells or, on Hopper, rows are under 4 tiles (the mma.sync
+    kernel keeps the plan's width: also for rows under 8 tiles); the tile lists follow it."""
+    from sas.codegen.triton_backend import tiles_per_block
     from sas.plan import make_plan
     from sas.runtime.cuda import CudaRuntime
 
     plan = make_plan(Causal(), 4096)
-    for kw, name in (({"block_m": 96}, "block_m"), ({"block_n": 128}, "block_n")):
+    for kw, name in (({"block_m": 96}, "block_m"), ({"block_n": 128}, "block_n"),
+                     ({"decode_kernel": "wmma"}, "decode_kernel")):
         with pytest.raises(KernelError, match=f"{name} must be one of"):
             CudaRuntime(plan, arch="sm_90a", **kw)
-    dense = plan.schedule(4096, 4096).options.block_m == 128
-    assert CudaRuntime(plan, arch="sm_90a").tile_height(4096, 4096) == (128 if dense else 64)
-    assert CudaRuntime(plan, arch="sm_90").tile_height(4096, 4096) == 64
+    # fully causal: 32.5 tiles a query block at 4096 (64 rows), 64.5 at 8192 (128 rows on Hopper)
+    assert CudaRuntime(plan, arch="sm_90a").tile_shape(4096, 4096) == (64, 64)
+    assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90a").tile_shape(8192, 8192) == (128, 64)
+    assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90").tile_shape(8192, 8192) == (64, 64)
+    # rows of 4-8 tiles: 64 wide on Hopper, the plan's 32 on the mma.sync kernel
+    local = Rect(size=(256, 256)) >> Diag(0, 1)
+    assert 4 <= tiles_per_block(local, 2048, 2048, 64, 64) < 8
+    assert CudaRuntime(make_plan(local, 2048), arch="sm_90a").tile_shape(2048, 2048) == (64, 64)
+    assert CudaRuntime(make_plan(local, 2048), arch="sm_90").tile_shape(2048, 2048) == (64, 32)
+    # rows under 4 tiles, and narrow column structure: 32 wide everywhere
+    short = Rect(size=(64, 64)) >> Diag(0, 1)
+    assert tiles_per_block(short, 2048, 2048, 64, 64) < 4
+    assert CudaRuntime(make_plan(short, 2048), arch="sm_90a").tile_shape(2048, 2048) == (64, 32)
+    block = Rect(size=(256, 256))   # OpenAI-fixed at its real scale: 32 summary columns a block
+    fixed = ((block >> Diag(0, 1)) + ((block * Rect(cols=(224, None))) >> Rect())) * Causal()
+    assert CudaRuntime(make_plan(fixed, 8192), arch="sm_90a").tile_shape(8192, 8192) == (64, 32)
     rt = CudaRuntime(make_plan(TABLE1_KERNELS["block_local"], 512), arch="sm_90a", block_m=128)
     bm, bn, fr, fc, pr, pc, order = rt.tile_tensors(512, 512, torch.device("cpu"))
     assert bm == 128 and len(fr) == 512 // 128 + 1 and len(order) == 512 // 128
@@ -344,3 +361,16 @@ def test_tile_shapes_refused_and_chosen():
     q = torch.zeros(1, 1, 64, 64, dtype=torch.float16)
     with pytest.raises(mod.CudaKernelError, match="block_m must be one of"):
         mod.prefill(q, q, q, *mod.build_tiles(64), block_m=96)
+
+
+def test_decode_kernel_choice_is_checked_before_any_work():
+    """The decode kernel is one of the loader's DECODE_KERNELS (the runtime's list is the same);
+    another name is an error naming the valid ones, raised before the library is touched."""
+    from sas.runtime.cuda import DECODE_KERNELS
+
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    assert tuple(mod.DECODE_KERNELS) == DECODE_KERNELS and mod.DECODE_KERNEL == "simt"
+    q = torch.zeros(1, 2, 1, 64, dtype=torch.float16)
+    kc = torch.zeros(1, 2, mod.CACHE_SIZE, 64, dtype=torch.float16)
+    with pytest.raises(mod.CudaKernelError, match="kernel must be one of simt, mma, mma8, got 'wmma'"):
+        mod.decode(q, q, q, kc, kc, 5, kernel="wmma")

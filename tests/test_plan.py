@@ -23,7 +23,7 @@ from sas.codegen import compile_pattern  # noqa: E402
 from sas.codegen.triton_backend import (  # noqa: E402
     DecodeOptions,
     PrefillOptions,
-    _tiles_per_block,
+    tiles_per_block,
     attended_fraction,
     auto_prefill_options,
 )
@@ -147,7 +147,7 @@ def test_sampled_launch_choice_agrees_with_exact_counts():
         want = (PrefillOptions(64, 32, 4, 3) if narrow < 0.9 * per * exact[64].num_q_blocks * 64 * 64 or per < 8
                 else PrefillOptions(128, 128, 8, 3) if per >= 64 else PrefillOptions(64, 64, 4, 3))
         assert got == want, p
-        assert _tiles_per_block(p, n, n, 64, 64) == pytest.approx(per, rel=0.1)
+        assert tiles_per_block(p, n, n, 64, 64) == pytest.approx(per, rel=0.1)
 
 
 def test_streaming_at_4m_tokens_sets_up_in_cache_sized_memory():

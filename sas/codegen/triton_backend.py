@@ -104,7 +104,7 @@ SAMPLED_BLOCKS = 256
 _WINDOW = 16
 
 
-def _tiles_per_block(pattern, q_len: int, k_len: int, block_m: int, block_n: int) -> float:
+def tiles_per_block(pattern, q_len: int, k_len: int, block_m: int, block_n: int) -> float:
     """Mean non-empty tiles per query block: exact up to `SAMPLED_BLOCKS` query blocks, else on
     that many (each window classified alone, so memory and time stay small)."""
     nqb = -(-q_len // block_m)
@@ -134,9 +134,9 @@ def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> Prefi
     are exact up to 256 query blocks and estimated on 16 evenly spaced windows of 16 beyond.
     """
     k_len = q_len if k_len is None else k_len
-    per_block = _tiles_per_block(pattern, q_len, k_len, 64, 64)
+    per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
     cells_wide = per_block * 64 * 64
-    cells_narrow = _tiles_per_block(pattern, q_len, k_len, 64, 32) * 64 * 32
+    cells_narrow = tiles_per_block(pattern, q_len, k_len, 64, 32) * 64 * 32
     if cells_narrow < 0.9 * cells_wide or per_block < 8:
         return PrefillOptions(64, 32, 4, 3)
     if per_block >= 64:

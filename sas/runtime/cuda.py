@@ -29,7 +29,7 @@ from sas.codegen.cuda_backend import (
     render_loader,
     uses_wgmma,
 )
-from sas.codegen.triton_backend import load_source
+from sas.codegen.triton_backend import load_source, tiles_per_block
 from sas.errors import KernelError, NotYetSupportedError
 from sas.ir.tile_runs import tile_runs
 from sas.plan import Plan
@@ -39,6 +39,8 @@ from sas.runtime.tiles import runs_tensors
 #: prefill tile shape: 64 or 128 query rows by 64 or 32 keys
 BLOCK_MS = (64, 128)
 BLOCK_NS = (64, 32)
+#: decode kernels: CUDA cores ("simt", the default), tensor cores with 4 or 8 warps a block
+DECODE_KERNELS = ("simt", "mma", "mma8")
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -59,16 +61,22 @@ class CudaRuntime:
     libraries are kept; `block_n` (64 or 32) fixes the prefill tile width (None: the plan's
     automatic choice for the Triton kernels, `auto_prefill_options`, whose 64 x 32 tiles for
     narrow column structure apply here too; its 128-wide tiles become 64); `block_m` (64 or 128)
-    fixes the prefill tile height (None: `tile_height`)."""
+    fixes the prefill tile height (None: `tile_height`); `decode_kernel` picks the decode kernel
+    (one of DECODE_KERNELS; None: the loader's default, "simt")."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 block_n: int | None = None, arch: str | None = None, block_m: int | None = None):
+                 block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
+                 decode_kernel: str | None = None):
         if plan.is_dynamic:
             raise NotYetSupportedError("SASAttnKernel: backend='cuda' runs static patterns only")
         if block_n is not None and block_n not in BLOCK_NS:
             raise KernelError(f"CudaRuntime: block_n must be one of {BLOCK_NS}, got {block_n!r}")
         if block_m is not None and block_m not in BLOCK_MS:
             raise KernelError(f"CudaRuntime: block_m must be one of {BLOCK_MS}, got {block_m!r}")
+        if decode_kernel is not None and decode_kernel not in DECODE_KERNELS:
+            raise KernelError(f"CudaRuntime: decode_kernel must be one of {', '.join(DECODE_KERNELS)}, got "
+                              f"{decode_kernel!r}")
+        self.decode_kernel = decode_kernel
         self.plan = plan
         self.num_splits = num_splits
         self.block_n = block_n
@@ -86,6 +94,7 @@ class CudaRuntime:
                                               "sas_cuda_loader", Path(cache_dir) if cache_dir is not None else None)
         self.loader.builder = self._build
         self._tiles: OrderedDict[tuple, tuple] = OrderedDict()
+        self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
 
     def _build(self, dtype: int | None = None, head_dim: int | None = None) -> Path:
         """Build (or find in the cache) the library for one element type code and head dim."""
@@ -99,20 +108,43 @@ class CudaRuntime:
 
     # --- prefill -----------------------------------------------------------------------------
     def tile_width(self, q_len: int, k_len: int) -> int:
-        """The prefill tile width for this length: the fixed `block_n`, else the plan's choice
-        (its schedule, made once per length and cached: deciding costs a tile count)."""
+        """The prefill tile width for this length: the fixed `block_n`, else the automatic
+        choice (`tile_shape`, made once per length)."""
         if self.block_n is not None:
             return self.block_n
-        return 32 if self.plan.schedule(q_len, k_len).options.block_n == 32 else 64
+        return self.tile_shape(q_len, k_len)[1]
 
     def tile_height(self, q_len: int, k_len: int) -> int:
-        """The prefill tile height: the fixed `block_m`, else 128 where the Hopper wgmma kernel runs
-        (sm_90a) and the plan gives Triton 128-row tiles (rows dense near the diagonal: two
-        warpgroups share each K / V tile, 5-6% faster fully causal at 16K on the H100), else 64
-        (sparser rows: 64-row tiles skip more, 7-60% faster there)."""
+        """The prefill tile height: the fixed `block_m`, else the automatic choice (`tile_shape`)."""
         if self.block_m is not None:
             return self.block_m
-        return 128 if uses_wgmma(self.arch) and self.plan.schedule(q_len, k_len).options.block_m == 128 else 64
+        return self.tile_shape(q_len, k_len)[0]
+
+    def tile_shape(self, q_len: int, k_len: int) -> tuple[int, int]:
+        """The automatic (block_m, block_n) for this length, decided once per length.
+
+        The mma.sync kernel (targets other than sm_90a): the plan's choice for the Triton kernels
+        (its schedule: 64 x 32 tiles for narrow column structure or short rows), 64 rows. The
+        Hopper wgmma kernel (fitted to the H100 sweep of docs/cuda.md, Table-1 patterns at 16K):
+        128 rows only for near-dense rows (>= 64 tiles of 64 x 64 per query block: two warpgroups
+        share each K / V tile, 5% faster fully causal; 7-60% slower on the sparser patterns);
+        64 x 32 tiles where they compute >= 10% fewer cells or rows are very short (< 4 tiles of
+        64 x 64 a query block: the lighter tile runs more blocks per SM); otherwise 64 x 64, also
+        for rows of 4-8 tiles, where Triton prefers 64 x 32 (block-local 16K: 0.69 vs 0.73 ms)."""
+        key = (q_len, k_len)
+        hit = self._shapes.get(key)
+        if hit is not None:
+            return hit
+        if not uses_wgmma(self.arch):
+            shape = (64, 32 if self.plan.schedule(q_len, k_len).options.block_n == 32 else 64)
+        else:
+            pattern = self.plan.prefill_pattern
+            per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
+            narrow_cells = tiles_per_block(pattern, q_len, k_len, 64, 32) * 32
+            narrow = narrow_cells < 0.9 * per_block * 64 or per_block < 4
+            shape = (128 if per_block >= 64 else 64, 32 if narrow else 64)
+        self._shapes[key] = shape
+        return shape
 
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
         """(block_m, block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for
@@ -164,9 +196,10 @@ class CudaRuntime:
                 raise KernelError(f"decode: {name} must have a contiguous last dimension and 16-byte aligned rows "
                                   f"(new_cache makes such caches)")
         with torch.cuda.device(q.device):
-            return self.loader.decode(q, k, v, past_k, past_v, int(position), out=out, num_splits=self.num_splits)
+            return self.loader.decode(q, k, v, past_k, past_v, int(position), out=out, num_splits=self.num_splits,
+                                     kernel=self.decode_kernel)
 
 
 register_backend("cuda", CudaRuntime)
 
-__all__ = ["CudaRuntime", "check_cuda_tensor"]
+__all__ = ["BLOCK_MS", "BLOCK_NS", "DECODE_KERNELS", "CudaRuntime", "check_cuda_tensor"]
