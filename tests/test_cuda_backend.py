@@ -156,7 +156,7 @@ def test_nvcc_compiles_table1_and_random_compositions():
     collect()
     pats += [p for p in drawn if not p.dynamics()][:2]
     pats += [Rect(rows=(0, 40), cols=(8, 24)) + Diag(-3, 8)]   # not causal: prefill only
-    sources, decodes = [], 0
+    sources, decodes, held = [], 0, 0
     for p in pats:
         try:
             a = analyze(p, 256)
@@ -164,8 +164,9 @@ def test_nvcc_compiles_table1_and_random_compositions():
             a = None
         cs = render_cuda(p, a)
         decodes += cs.decode
+        held += cs.held_keys
         sources.append(cs.source)
-    assert decodes >= 7
+    assert decodes >= 8 and held >= 1   # OpenAI-strided's mask_func is a table search: held slot keys
     # sm_90a: the Hopper build (-DSAS_WGMMA): the wgmma prefill and the decode; the mma.sync
     # prefill of other targets is compiled for sm_90 by compile_pattern in the next test
     check_compiles("\n".join(sources), "sm_90a", dtype=0, head_dim=64, minimal=True)
@@ -232,9 +233,17 @@ def test_loader_cache_ids_tiles_and_fill(name):
                 cover[blk * 64:(blk + 1) * 64, int(pc[t]) * bn:(int(pc[t]) + 1) * bn] = True
         assert not bool((mask & ~cover).any())
         assert sorted(order.tolist()) == list(range(len(fr) - 1))
-    if not cs.decode:   # mask_func is a table search at this length: no CUDA decode (see docs/cuda.md)
-        assert name == "openai_strided" and not mod.HAS_DECODE
-        return
+    assert cs.decode and mod.HAS_DECODE
+    # mask_func is a table search for OpenAI-strided at this length: decode applies the predicate
+    # to the key each slot holds (slot_keys), and asks for them
+    assert mod.HELD_KEYS == cs.held_keys == (name == "openai_strided")
+    if mod.HELD_KEYS:
+        q = torch.zeros(1, 2, 1, 64, dtype=torch.float16)
+        kc = torch.zeros(1, 2, a.cache_size, 64, dtype=torch.float16)
+        with pytest.raises(mod.CudaKernelError, match="table-driven; pass slot_keys"):
+            mod.decode(q, q, q, kc, kc, 5)
+        with pytest.raises(mod.CudaKernelError, match=f"slot_keys must be a contiguous int32 vector of {a.cache_size}"):
+            mod.decode(q, q, q, kc, kc, 5, slot_keys=torch.zeros(3, dtype=torch.int32))
     assert mod.cache_ids(torch.arange(n)).tolist() == [a.cache_id_func(p) for p in range(n)]
     # fill_cache leaves each slot holding the last key written to it
     k = torch.randn(1, 2, n, 8)

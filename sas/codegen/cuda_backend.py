@@ -96,7 +96,9 @@ def _one_line(text: str) -> str:
 class CudaSource:
     """A rendered pattern: the `.cu` text, its symbol prefix (`<namespace>_prefill`,
     `<namespace>_decode`), whether it has the decode kernel (and why not), the cache size and
-    the cache-function tables (name -> values, passed to decode in this order)."""
+    the cache-function tables (name -> values, passed to decode in this order); `held_keys`:
+    mask_func is not an inlinable expression, so decode takes the key each slot holds
+    (`slot_keys`) and applies the pattern's predicate to it."""
 
     source: str
     namespace: str
@@ -105,6 +107,7 @@ class CudaSource:
     cache_size: int
     tables: tuple[tuple[str, tuple[int, ...]], ...]
     torch_cache_id: LoweredFunction | None
+    held_keys: bool = False
 
 
 def check_head_dim(head_dim: Any, where: str = "cuda backend") -> int:
@@ -130,7 +133,7 @@ def render_cuda(pattern: Any, analysis: Any = None) -> CudaSource:
     predicate = lower_predicate(pattern, "qi", "kj", dialect="cpp")
     decode, note = analysis is not None, None
     context: dict[str, Any] = dict(cache_size=0, scheme="", functions_comment=[], tables=[], cache_id_lines=(),
-                                   cache_id_expr="-1", mask_lines=(), mask_expr="false")
+                                   cache_id_expr="-1", mask_lines=(), mask_expr="false", held_keys=False)
     tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
     torch_cid = None
     if analysis is not None:
@@ -140,26 +143,36 @@ def render_cuda(pattern: Any, analysis: Any = None) -> CudaSource:
         mask = find_function(functions, "mask_func")
         try:
             cid = lower_function(cache_id, ["pos"], refs, module=functions, prefix="cid_", dialect="cpp")
-            msk = lower_function(mask, ["slot", "pos"], refs, boolean=True, module=functions, prefix="msk_",
-                                 dialect="cpp")
             torch_cid = lower_function(cache_id, ["pos"], refs, module=functions, prefix="cid_", dialect="torch")
         except NotYetSupportedError as e:
-            decode, note = False, (f"decode not generated: mask_func / cache_id_func is not an inlinable "
-                                   f"expression ({e}); the triton backend runs it from held slot keys")
+            decode, note = False, (f"decode not generated: cache_id_func is not an inlinable expression ({e}); "
+                                   f"the triton backend runs it")
         else:
+            try:
+                msk = lower_function(mask, ["slot", "pos"], refs, boolean=True, module=functions, prefix="msk_",
+                                     dialect="cpp")
+            except NotYetSupportedError:
+                # mask_func is not a lowerable expression (e.g. a table search): the kernel reads the
+                # key each slot holds from `slot_keys` (the caller's, made by the runtime) and applies
+                # the pattern's predicate to it, which is what mask_func computes (as in Triton).
+                msk, held = LoweredFunction((), "false"), True
+            else:
+                held = False
             defs = "\n\n".join(ast.unparse(s) for s in functions.body if isinstance(s, ast.FunctionDef))
             tables = tuple((name, ref.values) for name, ref in refs.items())
             context.update(
                 cache_size=int(analysis.cache_size), scheme=_one_line(str(getattr(analysis, "scheme", "?"))),
                 functions_comment=[("    " + line).rstrip() for line in defs.splitlines()],
                 tables=[{"arg": ref.arg} for ref in refs.values()],
-                cache_id_lines=cid.lines, cache_id_expr=cid.expr, mask_lines=msk.lines, mask_expr=msk.expr)
+                cache_id_lines=cid.lines, cache_id_expr=cid.expr, mask_lines=msk.lines, mask_expr=msk.expr,
+                held_keys=held)
     key = _digest(repr(pattern), predicate, context, CUDA_TEMPLATE_VERSION)[:12]
     namespace = check_identifier(f"sas_cuda_{key}", "kernel namespace")
     source = _render("kernels.cu.jinja", namespace=namespace, pattern_repr=_one_line(repr(pattern)),
                      predicate_source=_one_line(pattern.predicate_source()), predicate=predicate, decode=decode,
                      **context)
-    return CudaSource(source, namespace, decode, note, int(context["cache_size"]), tables, torch_cid)
+    return CudaSource(source, namespace, decode, note, int(context["cache_size"]), tables, torch_cid,
+                      bool(context["held_keys"]))
 
 
 def render_loader(cs: CudaSource, pattern: Any, max_len: int) -> str:
@@ -167,7 +180,7 @@ def render_loader(cs: CudaSource, pattern: Any, max_len: int) -> str:
     tcid = cs.torch_cache_id or LoweredFunction((), "-1")
     src = _render("loader.py.jinja", namespace=cs.namespace, pattern_literal=repr(repr(pattern)),
                   torch_predicate=lower_predicate(pattern, "i", "j", dialect="torch"),
-                  cache_size=cs.cache_size, max_len=int(max_len), decode=cs.decode,
+                  cache_size=cs.cache_size, max_len=int(max_len), decode=cs.decode, held_keys=cs.held_keys,
                   tables=[{"arg": f"tbl_{name}", "name_literal": repr(name), "values_literal": repr(values)}
                           for name, values in cs.tables],
                   torch_cache_id_lines=tcid.lines, torch_cache_id_expr=tcid.expr, block_n=BLOCK_N,

@@ -34,6 +34,7 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.ir.tile_runs import tile_runs
 from sas.plan import Plan
 from sas.runtime.executor import register_backend
+from sas.runtime.standalone import HeldKeys
 from sas.runtime.tiles import runs_tensors
 
 #: prefill tile shape: 64 or 128 query rows by 64 or 32 keys
@@ -95,6 +96,7 @@ class CudaRuntime:
         self.loader.builder = self._build
         self._tiles: OrderedDict[tuple, tuple] = OrderedDict()
         self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
+        self._held: HeldKeys | None = None
 
     def _build(self, dtype: int | None = None, head_dim: int | None = None) -> Path:
         """Build (or find in the cache) the library for one element type code and head dim."""
@@ -195,9 +197,14 @@ class CudaRuntime:
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
                 raise KernelError(f"decode: {name} must have a contiguous last dimension and 16-byte aligned rows "
                                   f"(new_cache makes such caches)")
+        slot_keys = None
+        if self.loader.HELD_KEYS:   # mask_func is a table search: the key each slot holds, made on the device
+            if self._held is None:
+                self._held = HeldKeys(self.loader)
+            slot_keys = self._held(int(position), q.device)
         with torch.cuda.device(q.device):
             return self.loader.decode(q, k, v, past_k, past_v, int(position), out=out, num_splits=self.num_splits,
-                                     kernel=self.decode_kernel)
+                                     kernel=self.decode_kernel, slot_keys=slot_keys)
 
 
 register_backend("cuda", CudaRuntime)
