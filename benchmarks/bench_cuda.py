@@ -143,11 +143,11 @@ SPLIT_CHOICES = ((2, 128), (4, 64), (8, 64), (8, 32))
 
 
 def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
-    """CUDA decode time of each decode kernel under a few split choices (loader.DECODE_WAVES /
-    DECODE_MIN_SLOTS)."""
+    """CUDA decode time of each decode kernel under a few split choices (loader.DECODE_WAVES and
+    DECODE_WAVES_MHA / DECODE_MIN_SLOTS)."""
     out = []
     mod = ck.runtime.loader
-    saved = (mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel)
+    saved = (mod.DECODE_WAVES, mod.DECODE_WAVES_MHA, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel)
     kc, vc = ck.new_cache(qd.shape[0], kd.shape[1], qd.shape[3], dtype, dev)
     kc.normal_()
     vc.normal_()
@@ -156,7 +156,7 @@ def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
         for waves, min_slots in SPLIT_CHOICES:
             what = f"decode {which} B={qd.shape[0]} Hq={qd.shape[1]} waves={waves} min_slots={min_slots}"
             try:
-                mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS = waves, min_slots
+                mod.DECODE_WAVES, mod.DECODE_WAVES_MHA, mod.DECODE_MIN_SLOTS = waves, waves, min_slots
                 ck.runtime.decode_kernel = which
                 ms = median_ms(lambda: ck.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=o), True, rep)
                 out.append({"pattern": name, "N": N, "what": what, "ms": ms})
@@ -164,7 +164,7 @@ def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 out.append({"pattern": name, "N": N, "what": what, "error": repr(e)[:300]})
-    mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel = saved
+    mod.DECODE_WAVES, mod.DECODE_WAVES_MHA, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel = saved
     return out
 
 

@@ -383,3 +383,14 @@ def test_decode_kernel_choice_is_checked_before_any_work():
     kc = torch.zeros(1, 2, mod.CACHE_SIZE, 64, dtype=torch.float16)
     with pytest.raises(mod.CudaKernelError, match="kernel must be one of simt, mma, mma8, got 'wmma'"):
         mod.decode(q, q, q, kc, kc, 5, kernel="wmma")
+
+
+def test_decode_split_rule():
+    """Splits aim at DECODE_WAVES_MHA blocks an SM with one query head a block and DECODE_WAVES
+    with several, each of at least DECODE_MIN_SLOTS slots; a cache that small is one split."""
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    assert (mod.DECODE_WAVES_MHA, mod.DECODE_WAVES, mod.DECODE_MIN_SLOTS) == (4, 2, 64)
+    assert mod.num_splits_for(1, 64, 1, cache_size=1056, num_sms=132) == 9            # ceil(4 * 132 / 64)
+    assert mod.num_splits_for(16, 8, 1, cache_size=1056, num_sms=132, heads_per_block=4) == 3   # ceil(264 / 128)
+    assert mod.num_splits_for(1, 64, 1, cache_size=384, num_sms=132) == 6             # 64-slot splits at least
+    assert mod.num_splits_for(1, 64, 1, cache_size=64, num_sms=132) == 1
