@@ -373,15 +373,15 @@ def test_tile_shapes_refused_and_chosen():
 
 
 def test_decode_kernel_choice_is_checked_before_any_work():
-    """The decode kernel is one of the loader's DECODE_KERNELS (the runtime's list is the same);
+    """The decode kernel is "auto" or one of the loader's DECODE_KERNELS (the runtime's list is the same);
     another name is an error naming the valid ones, raised before the library is touched."""
     from sas.runtime.cuda import DECODE_KERNELS
 
     _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
-    assert tuple(mod.DECODE_KERNELS) == DECODE_KERNELS and mod.DECODE_KERNEL == "simt"
+    assert tuple(mod.DECODE_KERNELS) == DECODE_KERNELS and mod.DECODE_KERNEL == "auto"
     q = torch.zeros(1, 2, 1, 64, dtype=torch.float16)
     kc = torch.zeros(1, 2, mod.CACHE_SIZE, 64, dtype=torch.float16)
-    with pytest.raises(mod.CudaKernelError, match="kernel must be one of simt, mma, mma8, got 'wmma'"):
+    with pytest.raises(mod.CudaKernelError, match="kernel must be one of auto, simt, mma, mma8, got 'wmma'"):
         mod.decode(q, q, q, kc, kc, 5, kernel="wmma")
 
 

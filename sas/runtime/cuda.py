@@ -40,7 +40,8 @@ from sas.runtime.tiles import runs_tensors
 #: prefill tile shape: 64 or 128 query rows by 64 or 32 keys
 BLOCK_MS = (64, 128)
 BLOCK_NS = (64, 32)
-#: decode kernels: CUDA cores ("simt", the default), tensor cores with 4 or 8 warps a block
+#: decode kernels: CUDA cores ("simt"), tensor cores with 4 or 8 warps a block ("mma", "mma8");
+#: by default ("auto") "simt" with one query head a block, "mma" with several
 DECODE_KERNELS = ("simt", "mma", "mma8")
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -63,7 +64,8 @@ class CudaRuntime:
     automatic choice for the Triton kernels, `auto_prefill_options`, whose 64 x 32 tiles for
     narrow column structure apply here too; its 128-wide tiles become 64); `block_m` (64 or 128)
     fixes the prefill tile height (None: `tile_height`); `decode_kernel` picks the decode kernel
-    (one of DECODE_KERNELS; None: the loader's default, "simt")."""
+    (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one query head per KV
+    head, "mma" for several)."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
                  block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
