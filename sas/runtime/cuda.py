@@ -41,7 +41,8 @@ from sas.runtime.tiles import runs_tensors
 BLOCK_MS = (64, 128)
 BLOCK_NS = (64, 32)
 #: decode kernels: CUDA cores ("simt"), tensor cores with 4 or 8 warps a block ("mma", "mma8");
-#: by default ("auto") "simt" with one query head a block, "mma" with several
+#: by default ("auto") "simt" with one query head a block, "mma" with several (but "simt" for
+#: splits of at most 64 slots)
 DECODE_KERNELS = ("simt", "mma", "mma8")
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -65,7 +66,7 @@ class CudaRuntime:
     narrow column structure apply here too; its 128-wide tiles become 64); `block_m` (64 or 128)
     fixes the prefill tile height (None: `tile_height`); `decode_kernel` picks the decode kernel
     (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one query head per KV
-    head, "mma" for several)."""
+    head or splits of at most 64 slots, else "mma")."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
                  block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
