@@ -61,12 +61,10 @@ def check_cuda_tensor(where: str, name: str, t: torch.Tensor) -> None:
 class CudaRuntime:
     """Generated CUDA kernels for a static plan. `num_splits` fixes the decode split count
     (None: `num_splits_for` of the loader); `cache_dir` is where the loader module and the built
-    libraries are kept; `block_n` (64 or 32) fixes the prefill tile width (None: the plan's
-    automatic choice for the Triton kernels, `auto_prefill_options`, whose 64 x 32 tiles for
-    narrow column structure apply here too; its 128-wide tiles become 64); `block_m` (64 or 128)
-    fixes the prefill tile height (None: `tile_height`); `decode_kernel` picks the decode kernel
-    (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one query head per KV
-    head or splits of at most 64 slots, else "mma")."""
+    libraries are kept; `block_n` (64 or 32) fixes the prefill tile width and `block_m` (64 or
+    128) its height (None: `tile_shape`, the automatic choice per length); `decode_kernel` picks
+    the decode kernel (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one
+    query head per KV head or splits of at most 64 slots, else "mma")."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
                  block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
