@@ -122,6 +122,12 @@ def tiles_per_block(pattern, q_len: int, k_len: int, block_m: int, block_n: int)
     return total / blocks
 
 
+def narrow_tiles_pay(pattern, q_len: int, k_len: int, per_block: float) -> bool:
+    """Whether 64 x 32 tiles compute at least 10% fewer cells than 64 x 64 ones, of which a query
+    block has `per_block` on average (narrow column structure, e.g. 32 summary columns per block)."""
+    return tiles_per_block(pattern, q_len, k_len, 64, 32) * 32 < 0.9 * per_block * 64
+
+
 def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> PrefillOptions:
     """The prefill configuration for this pattern and length (a decision fitted to H100
     measurements of the six Table-1 patterns at 16K, bf16, head dim 128):
@@ -135,9 +141,7 @@ def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> Prefi
     """
     k_len = q_len if k_len is None else k_len
     per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
-    cells_wide = per_block * 64 * 64
-    cells_narrow = tiles_per_block(pattern, q_len, k_len, 64, 32) * 64 * 32
-    if cells_narrow < 0.9 * cells_wide or per_block < 8:
+    if narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 8:
         return PrefillOptions(64, 32, 4, 3)
     if per_block >= 64:
         return PrefillOptions(128, 128, 8, 3)

@@ -29,7 +29,7 @@ from sas.codegen.cuda_backend import (
     render_loader,
     uses_wgmma,
 )
-from sas.codegen.triton_backend import load_source, tiles_per_block
+from sas.codegen.triton_backend import load_source, narrow_tiles_pay, tiles_per_block
 from sas.errors import KernelError, NotYetSupportedError
 from sas.ir.tile_runs import tile_runs
 from sas.plan import Plan
@@ -143,8 +143,7 @@ class CudaRuntime:
         else:
             pattern = self.plan.prefill_pattern
             per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
-            narrow_cells = tiles_per_block(pattern, q_len, k_len, 64, 32) * 32
-            narrow = narrow_cells < 0.9 * per_block * 64 or per_block < 4
+            narrow = narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 4
             shape = (128 if per_block >= 64 else 64, 32 if narrow else 64)
         self._shapes[key] = shape
         return shape
