@@ -385,6 +385,20 @@ def test_decode_kernel_choice_is_checked_before_any_work():
         mod.decode(q, q, q, kc, kc, 5, kernel="wmma")
 
 
+def test_decode_kernel_auto_choice():
+    """"auto" runs the CUDA-core kernel with one query head a block (4 slots in flight per lane group
+    beyond one-step splits) and the 4-warp tensor-core one with several, whatever the split size."""
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    simt, mma, mma8 = (mod.DECODE_KERNELS[k] for k in ("simt", "mma", "mma8"))
+    assert len({simt, mma, mma8, mod._SIMT_LIGHT}) == 4
+    assert mod.decode_kernel_id("auto", 1, 64) == simt
+    assert mod.decode_kernel_id("auto", 1, 65) == mod._SIMT_LIGHT
+    for heads, split in ((2, 64), (4, 64), (8, 16), (4, 4096)):
+        assert mod.decode_kernel_id("auto", heads, split) == mma
+    assert mod.decode_kernel_id("simt", 4, 64) == simt and mod.decode_kernel_id("simt", 4, 4096) == simt
+    assert mod.decode_kernel_id("mma8", 1, 4096) == mma8 and mod.decode_kernel_id("mma", 1, 8) == mma
+
+
 def test_decode_split_rule():
     """Splits aim at DECODE_WAVES_MHA blocks an SM with one query head a block and DECODE_WAVES
     with several, each of at least DECODE_MIN_SLOTS slots; a cache that small is one split."""

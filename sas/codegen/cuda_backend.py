@@ -43,7 +43,7 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.resources import data_folder
 
 #: bump when the templates change (part of every cache key)
-CUDA_TEMPLATE_VERSION = "cuda-3"
+CUDA_TEMPLATE_VERSION = "cuda-4"
 SUPPORTED_HEAD_DIMS = (64, 128)
 #: dtype name -> the code the entry points take
 CUDA_DTYPES = {"bfloat16": 0, "float16": 1}
@@ -146,7 +146,7 @@ def render_cuda(pattern: Any, analysis: Any = None) -> CudaSource:
             torch_cid = lower_function(cache_id, ["pos"], refs, module=functions, prefix="cid_", dialect="torch")
         except NotYetSupportedError as e:
             decode, note = False, (f"decode not generated: cache_id_func is not an inlinable expression ({e}); "
-                                   f"the triton backend runs it")
+                                   f"the triton backend cannot lower it either")
         else:
             try:
                 msk = lower_function(mask, ["slot", "pos"], refs, boolean=True, module=functions, prefix="msk_",

@@ -41,8 +41,7 @@ from sas.runtime.tiles import runs_tensors
 BLOCK_MS = (64, 128)
 BLOCK_NS = (64, 32)
 #: decode kernels: CUDA cores ("simt"), tensor cores with 4 or 8 warps a block ("mma", "mma8");
-#: by default ("auto") "simt" with one query head a block, "mma" with several (but "simt" for
-#: splits of at most 64 slots)
+#: by default ("auto") "simt" with one query head a block, "mma" with several
 DECODE_KERNELS = ("simt", "mma", "mma8")
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -64,7 +63,7 @@ class CudaRuntime:
     libraries are kept; `block_n` (64 or 32) fixes the prefill tile width and `block_m` (64 or
     128) its height (None: `tile_shape`, the automatic choice per length); `decode_kernel` picks
     the decode kernel (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one
-    query head per KV head or splits of at most 64 slots, else "mma")."""
+    query head per KV head, else "mma")."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
                  block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
