@@ -319,17 +319,20 @@ def sweep_model(name: str, model: Any, args: argparse.Namespace, bandwidth: floa
                         model.set_attn_implementation(impl)
                         run_generate(model, row, args, compiled=compiled, static_cache=True, bandwidth=bandwidth)
                     guarded(row, base, rows)
-                for var in args.patterns:
-                    row = Row(name, var, mode, ctx, batch)
+                for var, backend in [(v, b) for b in args.backends for v in args.patterns]:
+                    if backend != "triton" and compiled:
+                        continue   # the CUDA backend's ctypes launches do not trace: eager rows only
+                    row = Row(name, var if backend == "triton" else f"{var} [{backend}]", mode, ctx, batch)
 
-                    def sas_run(var: str = var, row: Row = row, compiled: bool = compiled, ctx: int = ctx) -> None:
+                    def sas_run(var: str = var, row: Row = row, compiled: bool = compiled, ctx: int = ctx,
+                                backend: str = backend) -> None:
                         # the integration is imported per run: its absence is a failed row, not a crash
                         from sas.integrations.transformers import sas_attention
 
                         pattern = SAS_PATTERNS[var]
                         row.kv_bytes_analysis = analysis_kv_bytes(model, pattern, ctx + new, row.batch)
                         model.set_attn_implementation("sdpa")
-                        patched = sas_attention(copy.deepcopy(model), pattern, backend="triton", max_len=ctx + new)
+                        patched = sas_attention(copy.deepcopy(model), pattern, backend=backend, max_len=ctx + new)
                         try:
                             run_generate(patched, row, args, compiled=compiled, static_cache=False,
                                          bandwidth=bandwidth)
@@ -404,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--patterns", default=",".join(SAS_PATTERNS), help="sas variants: " + ", ".join(SAS_PATTERNS))
     ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--backends", default="triton",
+                    help="sas backends of the pattern rows: triton, cuda (eager rows only; the row is named "
+                         "'pattern [cuda]')")
     ap.add_argument("--compile", choices=("none", "target", "all"), default="target",
                     help="compiled (static cache + CUDA graphs) rows: none, target (llama8b at the largest "
                          "context and batch; default), all")
@@ -421,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = parse_list(args.batches, int)
     args.patterns = parse_list(args.patterns, str)
     args.baselines = parse_list(args.baselines, str)
+    args.backends = parse_list(args.backends, str)
+    bad = [b for b in args.backends if b not in ("triton", "cuda")]
+    if bad:
+        ap.error(f"unknown backend: {', '.join(bad)} (valid: triton, cuda)")
     bad = [m for m in args.models if m not in MODELS] + [p for p in args.patterns if p not in SAS_PATTERNS] + \
           [b for b in args.baselines if b not in BASELINES]
     if bad:
@@ -456,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "copy_bandwidth_bytes_per_s": bandwidth,
             "llama8b_layers": args.layers, "dtype": args.dtype, "warm": args.warm, "steps": args.steps,
-            "profile_steps": args.profile_steps, "compile": args.compile,
+            "profile_steps": args.profile_steps, "compile": args.compile, "backends": args.backends,
             "patterns": {k: repr(SAS_PATTERNS[k]) for k in args.patterns},
             "wall_s": round(time.perf_counter() - t_start, 1)}
     out = Path(args.out)
