@@ -385,6 +385,22 @@ def test_decode_kernel_choice_is_checked_before_any_work():
         mod.decode(q, q, q, kc, kc, 5, kernel="wmma")
 
 
+def test_loader_copies_misaligned_views_and_refuses_misaligned_caches():
+    """The kernels read and write 16-byte vectors: a contiguous view starting 8 bytes off a 16-byte
+    boundary is copied (contiguous() would return it as it is), an aligned tensor passes through, and
+    a misaligned cache (updated in place, so no copy can stand in) is refused before any work."""
+    _, _, mod = _loader(TABLE1_KERNELS["streaming_llm"], 128)
+    t = torch.arange(4 + 2 * 64, dtype=torch.bfloat16)[4:].view(1, 2, 1, 64)
+    assert t.is_contiguous() and t.data_ptr() % 16 == 8   # (CPU allocations start on 64 bytes)
+    c = mod._aligned(t)
+    assert c is not t and c.data_ptr() % 16 == 0 and torch.equal(c, t)
+    ok = torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16)
+    assert mod._aligned(ok) is ok
+    kc = torch.zeros(2 * mod.CACHE_SIZE * 64 + 4, dtype=torch.bfloat16)[4:].view(1, 2, mod.CACHE_SIZE, 64)
+    with pytest.raises(mod.CudaKernelError, match="k_cache must have a contiguous last dimension, 16-byte aligned"):
+        mod.decode(ok, ok, ok, kc, kc, 5)
+
+
 def test_decode_kernel_auto_choice():
     """"auto" runs the CUDA-core kernel with one query head a block (4 slots in flight per lane group
     beyond one-step splits) and the 4-warp tensor-core one with several, whatever the split size."""
