@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from sas.runtime.cuda import DECODE_KERNELS  # noqa: E402
 from bench_kernels import (CAUSAL, PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms,  # noqa: E402
-                           rel_err, write_results)
+                           paired_ms, rel_err, write_results)
 
 from sas.errors import SASError  # noqa: E402
 from sas.runtime import SASAttnKernel  # noqa: E402
@@ -192,16 +192,6 @@ def decode_sweep(name, ck, qd, kd, vd, N, rep, dtype, dev):
                 out.append({"pattern": name, "N": N, "what": what, "error": repr(e)[:300]})
     mod.DECODE_WAVES, mod.DECODE_WAVES_MHA, mod.DECODE_MIN_SLOTS, ck.runtime.decode_kernel = saved
     return out
-
-
-def paired_ms(fns, graph, rep, rounds):
-    """Medians of `fns` measured in turn, `rounds` times over (so clock and thermal drift hit all
-    of them alike); each entry is the median of its rounds."""
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            times[i].append(median_ms(fn, graph, rep))
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def prebuild(kernels, dtype, D):

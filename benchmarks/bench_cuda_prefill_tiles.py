@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_kernels import CAUSAL, PATTERNS, load_pattern, median_ms, rel_err  # noqa: E402
+from bench_kernels import CAUSAL, PATTERNS, load_pattern, paired_ms, rel_err  # noqa: E402
 
 from sas.runtime import SASAttnKernel  # noqa: E402
 
@@ -54,11 +54,7 @@ def main() -> None:
             return run
 
         fns = [lambda: tk(q, k, v)] + [shaped(bm, bn) for bm, bn in SHAPES]
-        times = [[] for _ in fns]
-        for _ in range(3):
-            for i, fn in enumerate(fns):
-                times[i].append(median_ms(fn, False, args.rep))
-        ms = [sorted(t)[1] for t in times]
+        ms = paired_ms(fns, False, args.rep, 3)
         ref = tk(q, k, v)
         err = max(rel_err(fn(), ref) for fn in fns[1:])
         rt.block_m, rt.block_n = None, None

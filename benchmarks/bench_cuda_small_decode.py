@@ -87,6 +87,8 @@ def main() -> None:
                         torch.cuda.synchronize()
                         torch.cuda.profiler.stop()
                     continue
+                # bench_kernels.paired_ms's loop, written out: with --root, bench_kernels is the other
+                # checkout's, which may predate paired_ms
                 times = [[] for _ in fns]
                 for _ in range(args.rounds):
                     for i, fn in enumerate(fns):

@@ -93,6 +93,16 @@ def median_ms(fn, graph: bool, rep_ms: int) -> float:
     return float(tt.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
+def paired_ms(fns, graph: bool, rep: int, rounds: int) -> list[float]:
+    """Medians of `fns` measured in turn, `rounds` times over (so clock and thermal drift hit all
+    of them alike); each entry is the median of its rounds."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(median_ms(fn, graph, rep))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
 def copy_bandwidth(dev) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
     n = 1 << 30 if dev.type == "cuda" else 1 << 24
