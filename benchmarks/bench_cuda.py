@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from sas.codegen.cuda_backend import uses_wgmma  # noqa: E402
 from sas.runtime.cuda import DECODE_KERNELS  # noqa: E402
 from bench_kernels import (CAUSAL, PATTERNS, copy_bandwidth, flex_masks, load_pattern, median_ms,  # noqa: E402
                            paired_ms, rel_err, write_results)
@@ -74,7 +75,8 @@ def check_pattern(name, kern, n, dtype, D, B, H, Hkv, steps, dev, results):
     # prefill: the square prompt, and suffix queries (the last 37 of n), every tile shape
     lq = min(37, n)
     bm0 = kern.runtime.block_m
-    for bm, bn in ((64, 64), (64, 32), (128, 64), (128, 32)):
+    shapes = ((64, 64), (64, 32), (128, 64), (128, 32)) + (((128, 128),) if uses_wgmma(kern.runtime.arch) else ())
+    for bm, bn in shapes:
         kern.runtime.block_m, kern.runtime.block_n = bm, bn
         out = kern(q[:, :, :n], k[:, :, :n], v[:, :, :n])
         ref = reference(q[:, :, :n], k[:, :, :n], v[:, :, :n], mask[:n, :n])

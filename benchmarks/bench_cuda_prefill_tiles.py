@@ -1,9 +1,10 @@
 """CUDA prefill in every tile shape against Triton's prefill, paired (bf16, 64 heads, D 128, batch 1).
 
 For the six Table-1 patterns and the fully causal one at one length: Triton's prefill and the
-CUDA prefill with 64 / 128 rows x 64 / 32 keys, timed in turn for 3 rounds (median round each,
+CUDA prefill with 64 / 128 rows x 64 / 32 keys and 128 x 128, timed in turn for 3 rounds (median round each,
 `triton.testing.do_bench` medians); each CUDA output is checked against Triton's (largest
-relative error printed). "auto" is `CudaRuntime.tile_shape`'s choice. Times in ms.
+relative error printed). "auto" is `CudaRuntime.tile_shape`'s choice; the fully causal row is
+also timed against SDPA's dense causal kernel in the same rounds. Times in ms.
 
     python benchmarks/bench_cuda_prefill_tiles.py --length 16384
 """
@@ -25,7 +26,7 @@ from bench_kernels import CAUSAL, PATTERNS, load_pattern, paired_ms, rel_err  # 
 
 from sas.runtime import SASAttnKernel  # noqa: E402
 
-SHAPES = ((64, 64), (64, 32), (128, 64), (128, 32))
+SHAPES = ((64, 64), (64, 32), (128, 64), (128, 32), (128, 128))
 
 
 def main() -> None:
@@ -54,13 +55,20 @@ def main() -> None:
             return run
 
         fns = [lambda: tk(q, k, v)] + [shaped(bm, bn) for bm, bn in SHAPES]
+        if name == CAUSAL:   # SDPA's dense causal kernel in the same rounds
+            fns.append(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
         ms = paired_ms(fns, False, args.rep, 3)
+        if name == CAUSAL:
+            sdpa_ms, ms, fns = ms[-1], ms[:-1], fns[:-1]
         ref = tk(q, k, v)
         err = max(rel_err(fn(), ref) for fn in fns[1:])
         rt.block_m, rt.block_n = None, None
         a = ms[1 + SHAPES.index(auto)]
         print(f"{name:20s} {ms[0]:7.3f}  {a:7.3f} {auto[0]}x{auto[1]}  " + " ".join(f"{t:7.3f}" for t in ms[1:])
               + f"  auto/T={a / ms[0]:.3f} best/T={min(ms[1:]) / ms[0]:.3f} max rel err={err:.1e}", flush=True)
+        if name == CAUSAL:
+            print(f"{'':20s} SDPA causal {sdpa_ms:7.3f}: auto / SDPA {a / sdpa_ms:.3f}, best / SDPA "
+                  f"{min(ms[1:]) / sdpa_ms:.3f}", flush=True)
 
 
 if __name__ == "__main__":

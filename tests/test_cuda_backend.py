@@ -334,23 +334,42 @@ def test_runtime_decides_the_tile_width_once_per_length(monkeypatch):
 @needs_nvcc
 def test_tile_shapes_refused_and_chosen():
     """A tile height or width the kernels lack is a KernelError naming it, from the runtime and
-    from the standalone loader, before any work. The automatic shape: 128 rows only on the Hopper
-    target and only for near-dense rows (>= 64 tiles of 64 x 64 per query block); 32-wide tiles
-    where they compute >= 10% fewer cells or, on Hopper, rows are under 4 tiles (the mma.sync
-    kernel keeps the plan's width: also for rows under 8 tiles); the tile lists follow it."""
-    from sas.codegen.triton_backend import tiles_per_block
+    from the standalone loader, before any work; so is a 128-key width with 64 rows or off the
+    Hopper target. The automatic shape: 128 x 128 on the Hopper target where rows hold >= 8 tiles
+    of 64 x 64 and the wide tiles compute <= 15% more cells (windows, fully causal); 128 x 64 for
+    other near-dense rows (>= 64 tiles of 64 x 64 per query block); 32-wide tiles where they
+    compute >= 10% fewer cells or, on Hopper, rows are under 4 tiles (the mma.sync kernel keeps the
+    plan's width: also for rows under 8 tiles); the tile lists follow it."""
+    from sas.codegen.triton_backend import tiles_per_block, wide_tiles_pay
     from sas.plan import make_plan
     from sas.runtime.cuda import CudaRuntime
 
     plan = make_plan(Causal(), 4096)
-    for kw, name in (({"block_m": 96}, "block_m"), ({"block_n": 128}, "block_n"),
+    for kw, name in (({"block_m": 96}, "block_m"), ({"block_n": 256}, "block_n"),
                      ({"decode_kernel": "wmma"}, "decode_kernel")):
         with pytest.raises(KernelError, match=f"{name} must be one of"):
             CudaRuntime(plan, arch="sm_90a", **kw)
-    # fully causal: 32.5 tiles a query block at 4096 (64 rows), 64.5 at 8192 (128 rows on Hopper)
-    assert CudaRuntime(plan, arch="sm_90a").tile_shape(4096, 4096) == (64, 64)
-    assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90a").tile_shape(8192, 8192) == (128, 64)
+    with pytest.raises(KernelError, match="block_n=128 needs block_m=128"):
+        CudaRuntime(plan, arch="sm_90a", block_n=128, block_m=64)
+    with pytest.raises(KernelError, match="block_n=128 runs on the Hopper wgmma kernel only"):
+        CudaRuntime(plan, arch="sm_90", block_n=128)
+    assert CudaRuntime(plan, arch="sm_90a", block_n=128).tile_height(4096, 4096) == 128
+    # fully causal: 128 x 128 on Hopper at every length with >= 8 tiles a row (64 rows, 64 wide elsewhere)
+    assert CudaRuntime(plan, arch="sm_90a").tile_shape(4096, 4096) == (128, 128)
+    assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90a").tile_shape(8192, 8192) == (128, 128)
     assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90").tile_shape(8192, 8192) == (64, 64)
+    assert CudaRuntime(plan, arch="sm_90a", block_m=64).tile_width(4096, 4096) == 64   # no 64 x 128 tile
+    # a window of 1024: 128 x 128; a strided pattern whose wide tiles compute 1.3x the cells: 64 x 64;
+    # near-dense rows of 64-key blocks with gaps (wide tiles 2x the cells): 128 x 64
+    window = Diag(0, 1024)
+    assert wide_tiles_pay(window, 4096, 4096, tiles_per_block(window, 4096, 4096, 64, 64))
+    assert CudaRuntime(make_plan(window, 4096), arch="sm_90a").tile_shape(4096, 4096) == (128, 128)
+    strided = (Diag(0, 128) + Diag(0, None, stride=128)) * Causal()   # OpenAI-strided at its real scale
+    assert not wide_tiles_pay(strided, 4096, 4096, tiles_per_block(strided, 4096, 4096, 64, 64))
+    halves = Causal() * (Rect(size=(1, 64)) >> Rect(stride=(1, 2)))   # every other 64-key block
+    per = tiles_per_block(halves, 16384, 16384, 64, 64)
+    assert per >= 64 and not wide_tiles_pay(halves, 16384, 16384, per)
+    assert CudaRuntime(make_plan(halves, 16384), arch="sm_90a").tile_shape(16384, 16384) == (128, 64)
     # rows of 4-8 tiles: 64 wide on Hopper, the plan's 32 on the mma.sync kernel
     local = Rect(size=(256, 256)) >> Diag(0, 1)
     assert 4 <= tiles_per_block(local, 2048, 2048, 64, 64) < 8
@@ -370,6 +389,8 @@ def test_tile_shapes_refused_and_chosen():
     q = torch.zeros(1, 1, 64, 64, dtype=torch.float16)
     with pytest.raises(mod.CudaKernelError, match="block_m must be one of"):
         mod.prefill(q, q, q, *mod.build_tiles(64), block_m=96)
+    with pytest.raises(mod.CudaKernelError, match="block_n=128 needs block_m=128"):
+        mod.prefill(q, q, q, *mod.build_tiles(64), block_n=128)
 
 
 def test_decode_kernel_choice_is_checked_before_any_work():
@@ -395,7 +416,12 @@ def test_loader_copies_misaligned_views_and_refuses_misaligned_caches():
     c = mod._aligned(t)
     assert c is not t and c.data_ptr() % 16 == 0 and torch.equal(c, t)
     ok = torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16)
-    assert mod._aligned(ok) is ok
+    assert mod._aligned(ok) is ok and mod._tma_ready(ok) is ok
+    # an expanded view (stride 0 over several heads): the 128 x 128 tile kernel's copies need it dense
+    wide = ok[:, :1].expand(1, 2, 1, 64)
+    assert mod._aligned(wide) is wide
+    dense = mod._tma_ready(wide)
+    assert 0 not in dense.stride() and torch.equal(dense, wide)
     kc = torch.zeros(2 * mod.CACHE_SIZE * 64 + 4, dtype=torch.bfloat16)[4:].view(1, 2, mod.CACHE_SIZE, 64)
     with pytest.raises(mod.CudaKernelError, match="k_cache must have a contiguous last dimension, 16-byte aligned"):
         mod.decode(ok, ok, ok, kc, kc, 5)

@@ -43,7 +43,7 @@ from sas.errors import KernelError, NotYetSupportedError
 from sas.resources import data_folder
 
 #: bump when the templates change (part of every cache key)
-CUDA_TEMPLATE_VERSION = "cuda-4"
+CUDA_TEMPLATE_VERSION = "cuda-5"
 SUPPORTED_HEAD_DIMS = (64, 128)
 #: dtype name -> the code the entry points take
 CUDA_DTYPES = {"bfloat16": 0, "float16": 1}

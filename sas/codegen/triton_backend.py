@@ -128,6 +128,15 @@ def narrow_tiles_pay(pattern, q_len: int, k_len: int, per_block: float) -> bool:
     return tiles_per_block(pattern, q_len, k_len, 64, 32) * 32 < 0.9 * per_block * 64
 
 
+def wide_tiles_pay(pattern, q_len: int, k_len: int, per_block: float) -> bool:
+    """Whether 128 x 128 tiles compute at most 15% more cells than 64 x 64 ones, of which a query
+    block has `per_block` on average (runs of attended keys much wider than a tile: windows,
+    causal rows), and a query block has at least 8 of them."""
+    if per_block < 8:
+        return False
+    return tiles_per_block(pattern, q_len, k_len, 128, 128) * 128 <= 1.15 * per_block * 64
+
+
 def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> PrefillOptions:
     """The prefill configuration for this pattern and length (a decision fitted to H100
     measurements of the six Table-1 patterns at 16K, bf16, head dim 128):

@@ -29,7 +29,7 @@ from sas.codegen.cuda_backend import (
     render_loader,
     uses_wgmma,
 )
-from sas.codegen.triton_backend import load_source, narrow_tiles_pay, tiles_per_block
+from sas.codegen.triton_backend import load_source, narrow_tiles_pay, tiles_per_block, wide_tiles_pay
 from sas.errors import KernelError, NotYetSupportedError
 from sas.ir.tile_runs import tile_runs
 from sas.plan import Plan
@@ -37,9 +37,9 @@ from sas.runtime.executor import register_backend
 from sas.runtime.standalone import HeldKeys
 from sas.runtime.tiles import runs_tensors
 
-#: prefill tile shape: 64 or 128 query rows by 64 or 32 keys
+#: prefill tile shape: 64 or 128 query rows by 64 or 32 keys, or 128 by 128 (Hopper builds only)
 BLOCK_MS = (64, 128)
-BLOCK_NS = (64, 32)
+BLOCK_NS = (64, 32, 128)
 #: decode kernels: CUDA cores ("simt"), tensor cores with 4 or 8 warps a block ("mma", "mma8");
 #: by default ("auto") "simt" with one query head a block, "mma" with several
 DECODE_KERNELS = ("simt", "mma", "mma8")
@@ -60,8 +60,8 @@ def check_cuda_tensor(where: str, name: str, t: torch.Tensor) -> None:
 class CudaRuntime:
     """Generated CUDA kernels for a static plan. `num_splits` fixes the decode split count
     (None: `num_splits_for` of the loader); `cache_dir` is where the loader module and the built
-    libraries are kept; `block_n` (64 or 32) fixes the prefill tile width and `block_m` (64 or
-    128) its height (None: `tile_shape`, the automatic choice per length); `decode_kernel` picks
+    libraries are kept; `block_n` (64, 32, or 128 with 128 rows on Hopper) fixes the prefill tile
+    width and `block_m` (64 or 128) its height (None: `tile_shape`, the automatic choice per length); `decode_kernel` picks
     the decode kernel (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one
     query head per KV head, else "mma")."""
 
@@ -74,6 +74,8 @@ class CudaRuntime:
             raise KernelError(f"CudaRuntime: block_n must be one of {BLOCK_NS}, got {block_n!r}")
         if block_m is not None and block_m not in BLOCK_MS:
             raise KernelError(f"CudaRuntime: block_m must be one of {BLOCK_MS}, got {block_m!r}")
+        if block_n == 128 and block_m not in (None, 128):
+            raise KernelError(f"CudaRuntime: block_n=128 needs block_m=128 (128 x 128 tiles), got block_m={block_m!r}")
         if decode_kernel is not None and decode_kernel not in DECODE_KERNELS:
             raise KernelError(f"CudaRuntime: decode_kernel must be one of {', '.join(DECODE_KERNELS)}, got "
                               f"{decode_kernel!r}")
@@ -87,8 +89,11 @@ class CudaRuntime:
                 raise KernelError("SASAttnKernel: backend='cuda' needs a CUDA device (none is visible); use "
                                   "backend='triton' (TRITON_INTERPRET=1 on the CPU) or 'torch'")
             arch = device_arch(*torch.cuda.get_device_capability())
+        if block_n == 128 and not uses_wgmma(arch):
+            raise KernelError(f"CudaRuntime: block_n=128 runs on the Hopper wgmma kernel only (arch sm_90a), not on "
+                              f"{arch}; use block_n 64 or 32")
         self.arch = arch
-        self.block_m = block_m
+        self.block_m = 128 if block_n == 128 else block_m
         self.nvcc = find_nvcc()
         self._directory = Path(cache_dir) / "cuda" if cache_dir is not None else None
         self.loader: ModuleType = load_source(render_loader(self.source, plan.pattern, plan.max_len),
@@ -114,7 +119,8 @@ class CudaRuntime:
         choice (`tile_shape`, made once per length)."""
         if self.block_n is not None:
             return self.block_n
-        return self.tile_shape(q_len, k_len)[1]
+        width = self.tile_shape(q_len, k_len)[1]
+        return 64 if width == 128 and self.block_m not in (None, 128) else width   # 128 keys: 128 rows only
 
     def tile_height(self, q_len: int, k_len: int) -> int:
         """The prefill tile height: the fixed `block_m`, else the automatic choice (`tile_shape`)."""
@@ -127,12 +133,14 @@ class CudaRuntime:
 
         The mma.sync kernel (targets other than sm_90a): the plan's choice for the Triton kernels
         (its schedule: 64 x 32 tiles for narrow column structure or short rows), 64 rows. The
-        Hopper wgmma kernel (fitted to the H100 sweep of docs/cuda.md, Table-1 patterns at 16K):
-        128 rows only for near-dense rows (>= 64 tiles of 64 x 64 per query block: two warpgroups
-        share each K / V tile, 5% faster fully causal; 7-60% slower on the sparser patterns);
-        64 x 32 tiles where they compute >= 10% fewer cells or rows are very short (< 4 tiles of
-        64 x 64 a query block: the lighter tile runs more blocks per SM); otherwise 64 x 64, also
-        for rows of 4-8 tiles, where Triton prefers 64 x 32 (block-local 16K: 0.69 vs 0.73 ms)."""
+        Hopper wgmma kernel (fitted to the H100 sweeps of docs/cuda.md, Table-1 patterns at 4K
+        and 16K): 128 x 128 tiles where rows hold >= 8 tiles of 64 x 64 and the wide tiles compute
+        at most 15% more cells (`wide_tiles_pay`: windows, streaming, fully causal; 9-23% faster
+        than the best other shape there, 7-200% slower on strided patterns); 64 x 32 tiles where
+        they compute >= 10% fewer cells or rows are very short (< 4 tiles of 64 x 64 a query
+        block: the lighter tile runs more blocks per SM); 128 x 64 for other near-dense rows (>= 64
+        tiles a query block); otherwise 64 x 64, also for rows of 4-8 tiles, where Triton prefers
+        64 x 32 (block-local 16K: 0.69 vs 0.73 ms)."""
         key = (q_len, k_len)
         hit = self._shapes.get(key)
         if hit is not None:
@@ -143,7 +151,10 @@ class CudaRuntime:
             pattern = self.plan.prefill_pattern
             per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
             narrow = narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 4
-            shape = (128 if per_block >= 64 else 64, 32 if narrow else 64)
+            if not narrow and wide_tiles_pay(pattern, q_len, k_len, per_block):
+                shape = (128, 128)
+            else:
+                shape = (128 if per_block >= 64 else 64, 32 if narrow else 64)
         self._shapes[key] = shape
         return shape
 
