@@ -186,3 +186,50 @@ def test_a_product_is_bounded_by_its_band_first() -> None:
     with run_algebra_only():
         below = line_runs(p, COLUMN, js, js, np.full(small, small, dtype=np.int64))
     assert np.array_equal(_dense(below, small, small).T, np.tril(p.to_mask(small)))
+
+
+@contextlib.contextmanager
+def union_gaps(value: int):
+    """Within: a sum merges its later terms read on the whole lines once its first terms leave
+    more than `value` gaps a line (line_runs.UNION_GAPS; -1: always, huge: never)."""
+    old = line_runs_module.UNION_GAPS
+    line_runs_module.UNION_GAPS = value
+    try:
+        yield
+    finally:
+        line_runs_module.UNION_GAPS = old
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40), st.data())
+def test_sums_read_on_whole_lines_equal_the_gaps(p, n: int, data) -> None:
+    """A sum's later terms read on the whole lines and merged with the runs before (the path
+    taken where the first terms cut lines into many gaps) give the runs of the gap-by-gap path,
+    and the mask."""
+    m = p.to_mask(n)
+    bounds = st.lists(st.integers(0, n), min_size=n, max_size=n)
+    for axis in (COLUMN, ROW):
+        lo, hi = np.array(data.draw(bounds)), np.array(data.draw(bounds))
+        with run_algebra_only(), union_gaps(-1):
+            merged = line_runs(p, axis, np.arange(n), lo, hi)
+        with run_algebra_only(), union_gaps(1 << 40):
+            gaps = line_runs(p, axis, np.arange(n), lo, hi)
+        assert _same(merged, gaps)
+        x = np.arange(n)[None, :]
+        want = (m.T if axis == COLUMN else m) & (x >= lo[:, None]) & (x < hi[:, None])
+        assert np.array_equal(_dense(merged, n, n), want)
+
+
+def test_a_strided_first_term_makes_the_sum_merge_whole_lines(monkeypatch) -> None:
+    # The drifting spread of the analysis benchmark: the doubly negated strided band leaves three
+    # gaps a column, so the spread is read once per column (not once per gap) and merged.
+    p = (((Rect(rows=(0, 3), cols=(0, 1)) * Rect(rows=(None, 2), cols=(0, 1), stride=(2, 1), offset=(1, 0)))
+          >> Diag(5, 3, stride=2)) + ~~Diag(3, 3, stride=2)) * Causal()
+    calls = []
+    real = line_runs_module._union
+    monkeypatch.setattr(line_runs_module, "_union", lambda a, b: calls.append(len(b)) or real(a, b))
+    n = 300
+    j = np.arange(n, dtype=np.int64)
+    with run_algebra_only():
+        r = line_runs(p, COLUMN, j, np.zeros(n, dtype=np.int64), np.full(n, n, dtype=np.int64))
+    assert calls and np.array_equal(_dense(r, n, n), p.to_mask(n).T)

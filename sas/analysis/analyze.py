@@ -47,7 +47,6 @@ class Analysis:
     peak_query: int
     structure: Structure
     groups: tuple[Group, ...]
-    events: tuple[CacheEvent, ...]
     functions: ast.Module
     tables: dict[str, np.ndarray]
     scheme: str
@@ -60,6 +59,14 @@ class Analysis:
     _columns: ColumnShapes | None = field(repr=False)
     #: the minimal KV-cache size where the closed form in use needs more slots (None: equal)
     minimal_cache_size: int | None = None
+
+    @functools.cached_property
+    def events(self) -> tuple[CacheEvent, ...]:
+        """The cache events of the periodic decomposition (empty for a per-token pattern), derived
+        from the column shapes on first use: nothing the kernels or the synthesized functions need,
+        so `analyze` does not pay for them (up to a few tenths of a second at 2^20 for patterns with
+        a million column classes)."""
+        return derive_events(self._columns) if self._columns is not None and self.cache_size > 0 else ()
 
     @functools.cached_property
     def source(self) -> str:
@@ -177,7 +184,6 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                 scheme = greedy_table(cols.last_use(np.arange(n), n))
                 notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token "
                              f"table ({n} entries)")
-        events = derive_events(cols) if size > 0 else ()
     else:
         _check_table_bytes(user_pattern, n)
         bad = non_causal_cell(pattern, n)
@@ -189,7 +195,6 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         scheme = greedy_table(L)
         size, peak = scheme.C, 0
         notes.append("pattern has no known period: analysed per token and cache_id_func uses a table")
-        events = ()
     dyn = pattern.dynamics()
     if dyn:
         notes.append(
@@ -201,6 +206,6 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
     mod, tables = synthesize(user_pattern, scheme, n)
     fns = compile_functions(mod, tables=tables)
-    return Analysis(user_pattern, n, size, peak, st, groups, events, mod, tables, scheme.name,
+    return Analysis(user_pattern, n, size, peak, st, groups, mod, tables, scheme.name,
                     not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
                     fns["slot_key_func"], fns["mask_func"], scheme, cols, minimal)

@@ -31,6 +31,10 @@ DENSE_CELLS = 1 << 15
 #: Most runs one step of `line_runs` builds (each run costs 24 bytes, its sort about as much
 #: again); the message names the pattern and the numbers when a pattern needs more.
 RUN_LIMIT = 1 << 24
+#: A sum whose first terms leave more than this many gaps a line evaluates the next term on the
+#: whole lines and merges (while that takes at most as many runs as the gaps and the runs so
+#: far), instead of inside every gap.
+UNION_GAPS = 2
 
 _I64 = np.int64
 
@@ -262,6 +266,14 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
             gaps = _complement(acc, lo, hi)
             if len(gaps) == 0:
                 break
+            if len(gaps) > UNION_GAPS * m:
+                # The terms before cut the lines into many gaps: the term on the whole lines (a
+                # third of the lines for three gaps a line), merged, while it has few runs there.
+                whole = _bounded(t, axis, fixed, lo, hi, ctx, len(gaps) + len(acc))
+                joined = _union(acc, whole) if whole is not None else None
+                if joined is not None:
+                    acc = joined
+                    continue
             more = _inside(t, gaps, axis, fixed, ctx)
             ctx.check(len(acc) + len(more), f"the terms of {p!r}")
             acc = from_disjoint(np.concatenate([acc.line, more.line]), np.concatenate([acc.start, more.start]),
@@ -270,6 +282,39 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Spread):
         return _spread(p, axis, fixed, lo, hi, ctx)
     raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
+
+
+def _bounded(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context,
+             limit: int) -> Runs | None:
+    """The runs of p, or None as soon as a step needs more than `limit` runs (the caller then
+    takes another way; the work spent is bounded by the limit)."""
+    try:
+        return _runs(p, axis, fixed, lo, hi, _Context(ctx.pattern, min(ctx.limit, limit), ctx.dense_cells))
+    except AnalysisError:
+        return None
+
+
+def _union(a: Runs, b: Runs) -> Runs | None:
+    """The union of two run sets on the same lines (overlapping or touching runs joined); None
+    when lines x positions do not pack into an int64."""
+    line = np.concatenate([a.line, b.line])
+    start = np.concatenate([a.start, b.start])
+    stop = np.concatenate([a.stop, b.stop])
+    if len(line) == 0:
+        return _empty(a.n_lines)
+    o = _order(line, start)
+    line, start, stop = line[o], start[o], stop[o]
+    # the furthest stop of the runs before each one on its line: a run starts a new one past it
+    low = int(start.min())
+    span = int(stop.max()) - low + 1
+    if (int(line.max()) + 1) * span < (1 << 62):
+        reach = np.maximum.accumulate(line * span + (stop - low))    # lines ascending: per line
+        new = np.ones(len(line), dtype=bool)
+        new[1:] = (line[1:] != line[:-1]) | (line[1:] * span + (start[1:] - low) > reach[:-1])
+        first = np.flatnonzero(new)
+        last = np.append(first[1:], len(line)) - 1
+        return Runs(line[first], start[first], reach[last] - line[first] * span + low, a.n_lines)
+    return None                                  # positions too wide to pack: the caller reads the gaps
 
 
 def _single_run(p: Pattern) -> bool:
