@@ -181,6 +181,29 @@ def test_decode_before_prefill_and_past_max_len():
         ker.decode(x, x, x)
 
 
+def test_decode_checks_every_new_shape_after_a_checked_one():
+    """A step with the shapes, dtypes and devices of a step already checked skips the argument
+    checks (host time); any change is checked again and refused before any work, and the cache
+    stays usable."""
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=32)
+    p = torch.randn(1, 2, 8, 16, device=DEV)
+    ker.prefill(p, p, p)
+    x = torch.randn(1, 2, 1, 16, device=DEV)
+    ker.decode(x, x, x)
+    assert ker.dynamic.rt.length == 9
+    bad = [((x, x[:, :1], x[:, :1]), "do not match the prompt"),
+           ((x, x.half(), x), "dtype"),
+           ((torch.randn(1, 2, 2, 16, device=DEV), x, x), "one token"),
+           ((x, x, torch.randn(1, 2, 1, 8, device=DEV)), "head_dim 8"),
+           ((x, x[0], x), "4-D")]
+    for args, match in bad:
+        with pytest.raises(KernelError, match=match):
+            ker.decode(*args)
+        assert ker.dynamic.rt.length == 9
+    ker.decode(x, x, x)
+    assert ker.dynamic.rt.length == 10
+
+
 def test_missing_other_inputs_named():
     pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
     with pytest.raises(KernelError, match="'draft'"):

@@ -367,7 +367,7 @@ class Runtime:
 
     def _graph_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
         st = self.state
-        key = (id(st), tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, q.device)
+        key = (id(st), q.shape, k.shape, v.shape, q.dtype, k.dtype, q.device)
         g = self._graph
         if g is None or g.key != key:
             g = self._graph = StepGraph(self, key, q, k, v)
