@@ -61,9 +61,9 @@ class CudaRuntime:
     """Generated CUDA kernels for a static plan. `num_splits` fixes the decode split count
     (None: `num_splits_for` of the loader); `cache_dir` is where the loader module and the built
     libraries are kept; `block_n` (64, 32, or 128 with 128 rows on Hopper) fixes the prefill tile
-    width and `block_m` (64 or 128) its height (None: `tile_shape`, the automatic choice per length); `decode_kernel` picks
-    the decode kernel (one of DECODE_KERNELS; None: the loader's default, "auto": "simt" for one
-    query head per KV head, else "mma")."""
+    width and `block_m` (64 or 128) its height (None: `tile_shape`, the automatic choice per
+    length); `decode_kernel` picks the decode kernel (one of DECODE_KERNELS; None: the loader's
+    default, "auto": "simt" for one query head per KV head, else "mma")."""
 
     def __init__(self, plan: Plan, *, num_splits: int | None = None, cache_dir: str | os.PathLike | None = None,
                  block_n: int | None = None, arch: str | None = None, block_m: int | None = None,
