@@ -24,9 +24,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_kernels import CAUSAL, PATTERNS, load_pattern, paired_ms, rel_err  # noqa: E402
 
+from sas.codegen.cuda_backend import device_arch, uses_wgmma  # noqa: E402
 from sas.runtime import SASAttnKernel  # noqa: E402
 
-SHAPES = ((64, 64), (64, 32), (128, 64), (128, 32), (128, 128))
+SHAPES = ((64, 64), (64, 32), (128, 64), (128, 32), (128, 128))   # 128 x 128: Hopper (sm_90a) only
 
 
 def main() -> None:
@@ -36,6 +37,9 @@ def main() -> None:
     args = ap.parse_args()
     dev, dt, D, N, H = torch.device("cuda"), torch.bfloat16, 128, args.length, 64
     q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dt) for _ in range(3))
+    global SHAPES
+    if not uses_wgmma(device_arch(*torch.cuda.get_device_capability())):
+        SHAPES = SHAPES[:-1]
     kernels = {}
     for name in PATTERNS + [CAUSAL]:
         tk = SASAttnKernel(load_pattern(name), max_len=N)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import causal_patterns, patterns
 
 from analysis_checks import DenseColumns, brute_last_use, dense_upper_triangle
 from sas import Causal, Diag, Rect, analyze
+from sas.errors import AnalysisError
 from sas.analysis.columns import column_shapes, upper_triangle_clear
 import sas.ir.line_runs as line_runs_module
 from sas.ir.line_runs import COLUMN, ROW, line_runs
@@ -233,3 +235,17 @@ def test_a_strided_first_term_makes_the_sum_merge_whole_lines(monkeypatch) -> No
     with run_algebra_only():
         r = line_runs(p, COLUMN, j, np.zeros(n, dtype=np.int64), np.full(n, n, dtype=np.int64))
     assert calls and np.array_equal(_dense(r, n, n), p.to_mask(n).T)
+
+
+def test_the_merged_sum_keeps_the_runs_limit() -> None:
+    # two interleaved strided row bands: a run every other cell of 120 rows on each of 200 columns
+    # (12000 runs); past the limit both paths refuse (the merge checks the count as the gap path does)
+    p = Rect(rows=(0, 120), stride=(4, 1)) + Rect(rows=(0, 120), stride=(4, 1), offset=(2, 0))
+    n = 200
+    j = np.arange(n, dtype=np.int64)
+    lo, hi = np.zeros(n, dtype=np.int64), np.full(n, n, dtype=np.int64)
+    for gaps in (-1, 1 << 40):
+        with run_algebra_only(), union_gaps(gaps):
+            assert len(line_runs(p, COLUMN, j, lo, hi, limit=12000)) == 12000
+            with pytest.raises(AnalysisError, match="runs limit"):
+                line_runs(p, COLUMN, j, lo, hi, limit=8000)

@@ -359,6 +359,9 @@ def test_tile_shapes_refused_and_chosen():
     assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90a").tile_shape(8192, 8192) == (128, 128)
     assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90").tile_shape(8192, 8192) == (64, 64)
     assert CudaRuntime(plan, arch="sm_90a", block_m=64).tile_width(4096, 4096) == 64   # no 64 x 128 tile
+    # a fixed width under 128 where the automatic shape is 128 x 128: 128 rows for near-dense rows only
+    assert CudaRuntime(make_plan(Causal(), 8192), arch="sm_90a", block_n=64).tile_height(8192, 8192) == 128
+    assert CudaRuntime(make_plan(Diag(0, 1024), 4096), arch="sm_90a", block_n=32).tile_height(4096, 4096) == 64
     # a window of 1024: 128 x 128; a strided pattern whose wide tiles compute 1.3x the cells: 64 x 64;
     # near-dense rows of 64-key blocks with gaps (wide tiles 2x the cells): 128 x 64
     window = Diag(0, 1024)
@@ -391,6 +394,39 @@ def test_tile_shapes_refused_and_chosen():
         mod.prefill(q, q, q, *mod.build_tiles(64), block_m=96)
     with pytest.raises(mod.CudaKernelError, match="block_n=128 needs block_m=128"):
         mod.prefill(q, q, q, *mod.build_tiles(64), block_n=128)
+
+
+@needs_nvcc
+def test_prefill_falls_back_from_128_key_tiles_the_loader_cannot_run(monkeypatch):
+    """Tensors the 128 x 128 kernel's copies cannot read (the loader's error): the automatic shape
+    retries with 128 x 64 tiles (which take the mma.sync kernel there, as every other shape does);
+    a width fixed at 128 raises the loader's error, and so does any other error."""
+    import contextlib
+
+    import sas.runtime.cuda as cuda_rt
+    from sas.plan import make_plan
+    from sas.runtime.cuda import CudaRuntime
+
+    rt = CudaRuntime(make_plan(Causal(), 1024), arch="sm_90a")
+    assert rt.tile_shape(1024, 1024) == (128, 128)
+    calls = []
+
+    def fake_prefill(q, k, v, fr, fc, pr, pc, order, *, q_offset, out, block_m, block_n):
+        calls.append((block_m, block_n, len(fr) - 1))
+        if block_n == 128:
+            raise rt.loader.CudaKernelError("prefill: 128 x 128 tiles run on the Hopper wgmma kernel only (...)")
+        return q
+
+    monkeypatch.setattr(cuda_rt, "check_cuda_tensor", lambda *a: None)
+    monkeypatch.setattr(cuda_rt.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(rt.loader, "prefill", fake_prefill)
+    x = torch.zeros(1, 1, 1024, 64, dtype=torch.bfloat16)
+    assert rt.prefill(x, x, x) is x
+    assert calls == [(128, 128, 8), (128, 64, 8)]
+    fixed = CudaRuntime(make_plan(Causal(), 1024), arch="sm_90a", block_n=128)
+    monkeypatch.setattr(fixed.loader, "prefill", fake_prefill)
+    with pytest.raises(fixed.loader.CudaKernelError, match="Hopper wgmma kernel only"):
+        fixed.prefill(x, x, x)
 
 
 def test_decode_kernel_choice_is_checked_before_any_work():

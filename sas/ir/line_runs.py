@@ -270,6 +270,8 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
                 # The terms before cut the lines into many gaps: the term on the whole lines (a
                 # third of the lines for three gaps a line), merged, while it has few runs there.
                 whole = _bounded(t, axis, fixed, lo, hi, ctx, len(gaps) + len(acc))
+                if whole is not None:
+                    ctx.check(len(acc) + len(whole), f"the terms of {p!r}")
                 joined = _union(acc, whole) if whole is not None else None
                 if joined is not None:
                     acc = joined

@@ -101,6 +101,7 @@ class CudaRuntime:
         self.loader.builder = self._build
         self._tiles: OrderedDict[tuple, tuple] = OrderedDict()
         self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
+        self._narrow_heights: dict[tuple[int, int], int] = {}
         self._held: HeldKeys | None = None
 
     def _build(self, dtype: int | None = None, head_dim: int | None = None) -> Path:
@@ -123,10 +124,14 @@ class CudaRuntime:
         return 64 if width == 128 and self.block_m not in (None, 128) else width   # 128 keys: 128 rows only
 
     def tile_height(self, q_len: int, k_len: int) -> int:
-        """The prefill tile height: the fixed `block_m`, else the automatic choice (`tile_shape`)."""
+        """The prefill tile height: the fixed `block_m`, else the automatic choice (`tile_shape`;
+        with a fixed width under 128 where that is 128 x 128: 128 rows only for near-dense rows)."""
         if self.block_m is not None:
             return self.block_m
-        return self.tile_shape(q_len, k_len)[0]
+        shape = self.tile_shape(q_len, k_len)
+        if shape == (128, 128) and self.block_n not in (None, 128):
+            return self._narrow_heights[(q_len, k_len)]
+        return shape[0]
 
     def tile_shape(self, q_len: int, k_len: int) -> tuple[int, int]:
         """The automatic (block_m, block_n) for this length, decided once per length.
@@ -151,17 +156,20 @@ class CudaRuntime:
             pattern = self.plan.prefill_pattern
             per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
             narrow = narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 4
+            self._narrow_heights[key] = 128 if per_block >= 64 else 64   # for a fixed width under 128
             if not narrow and wide_tiles_pay(pattern, q_len, k_len, per_block):
                 shape = (128, 128)
             else:
-                shape = (128 if per_block >= 64 else 64, 32 if narrow else 64)
+                shape = (self._narrow_heights[key], 32 if narrow else 64)
         self._shapes[key] = shape
         return shape
 
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
         """(block_m, block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for
         block_m x block_n tiles."""
-        bm, bn = self.tile_height(q_len, k_len), self.tile_width(q_len, k_len)
+        return self._tiles_of(q_len, k_len, device, self.tile_height(q_len, k_len), self.tile_width(q_len, k_len))
+
+    def _tiles_of(self, q_len: int, k_len: int, device: torch.device, bm: int, bn: int) -> tuple:
         key = (q_len, k_len, bm, bn, str(device))
         hit = self._tiles.get(key)
         if hit is not None:
@@ -179,6 +187,15 @@ class CudaRuntime:
             check_cuda_tensor("prefill", name, t)
         bm, bn, fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
         with torch.cuda.device(q.device):
+            try:
+                return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2],
+                                           out=out, block_m=bm, block_n=bn)
+            except self.loader.CudaKernelError as e:
+                # tensors the 128 x 128 kernel's copies cannot read (the loader copies the usual
+                # cases): 128 x 64 tiles, which fall back to the mma.sync kernel, as other shapes do
+                if bn != 128 or "Hopper wgmma kernel only" not in str(e) or self.block_n == 128:
+                    raise
+            bm, bn, fr, fc, pr, pc, order = self._tiles_of(q.shape[2], k.shape[2], q.device, 128, 64)
             return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2], out=out,
                                        block_m=bm, block_n=bn)
 
