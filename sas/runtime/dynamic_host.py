@@ -21,7 +21,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from sas.runtime.graph_params import PointerSlots
+
 LOG2E = 1.4426950408889634
+#: a replayed decode step reads the caller's q, k, v and writes a fresh output through rebound
+#: kernel arguments (`StepGraph`); SAS_GRAPH_REBIND=0 copies them in and out instead
+POINTER_REBINDING = os.environ.get("SAS_GRAPH_REBIND", "1") != "0"
 TABLE_NAMES = ("enter_at", "region_last", "enter_ptr", "enter_keys")
 
 
@@ -144,11 +149,16 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
 
 class StepGraph:
     """One decode step captured as a CUDA graph for one sequence batch and input shape: the
-    inputs are copied into the graph's own buffers, the kernels read the position from
-    `state.pos` (which the graph advances), and the output is copied out. The first step at a
-    shape runs the same kernels eagerly on those buffers (compiling them outside the capture);
-    every later step replays the graph: one graph launch plus four copies of host work instead
-    of three Triton launches."""
+    kernels read the position from `state.pos` (which the graph advances). The first step at a
+    shape runs the same kernels eagerly on the graph's own buffers (compiling them outside the
+    capture) and captures them; every later step replays the graph.
+
+    The graph's kernels are pointed at the caller's q, k, v and a fresh output before each
+    replay (`graph_params.PointerSlots`: their pointer arguments rewritten, no copy), when the
+    tensors have the captured buffers' strides (on every dimension of more than one entry) and
+    16-byte aligned addresses; otherwise, or where the driver API or the graph does not allow
+    it, the inputs are copied into the graph's buffers and the output out of them (three
+    launches of host work instead of one)."""
 
     def __init__(self, runtime: Runtime, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         self.runtime = runtime
@@ -158,30 +168,71 @@ class StepGraph:
         self.v = torch.empty_like(v, memory_format=torch.contiguous_format)
         self.out = torch.empty_like(self.q)
         self.graph: Any = None
+        self.slots: PointerSlots | None = None          # None: copy in and out
+        self._last_slots: PointerSlots | None = None
+        self.own = True              # the graph's arguments point at its own buffers
         self.pos_at: int | None = None       # the value state.pos holds, as far as the host knows
 
-    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
+    def _capture(self, device: torch.device) -> None:
         rt = self.runtime
-        st = rt.state
-        torch._foreach_copy_((self.q, self.k, self.v), (q, k, v))     # one launch for the three inputs
-        if self.pos_at != pos:
-            st.pos.fill_(pos)
-        if self.graph is None:
-            rt._device_step(self.q, self.k, self.v, self.out)        # eager: compiles the kernels
+        try:
+            graph = torch.cuda.CUDAGraph(keep_graph=True)    # the graph stays readable for PointerSlots
+        except TypeError:                                      # (a torch without keep_graph)
             graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream(device=q.device)
-            stream.wait_stream(torch.cuda.current_stream(q.device))
-            with torch.cuda.stream(stream):                           # records the step; runs nothing
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    rt._device_step(self.q, self.k, self.v, self.out)
-                finally:
-                    graph.capture_end()
-            torch.cuda.current_stream(q.device).wait_stream(stream)
-            self.graph = graph
-        else:
-            self.graph.replay()
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):                           # records the step; runs nothing
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                rt._device_step(self.q, self.k, self.v, self.out)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        if hasattr(graph, "instantiate"):
+            graph.instantiate()
+        self.graph = graph
+        self.own = True
+        if POINTER_REBINDING:
+            self.slots = self._last_slots = PointerSlots.find(graph, {"q": self.q, "k": self.k, "v": self.v,
+                                                                      "out": self.out})
+
+    def _bindable(self, *pairs: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """Each tensor 16-byte aligned with its buffer's strides (where a dimension has more than
+        one entry: the kernels never step along the others)."""
+        return all(t.data_ptr() % 16 == 0 and all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), b_.stride()))
+                   for t, b_ in pairs)
+
+    def _replay(self, pos: int) -> None:
+        if self.pos_at != pos:
+            self.runtime.state.pos.fill_(pos)
+        self.graph.replay()
         self.pos_at = pos + 1
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
+        if self.graph is not None and self.slots is not None and self._bindable((q, self.q), (k, self.k), (v, self.v)):
+            out = torch.empty_like(self.out)
+            self.own = False
+            if self.slots.bind({"q": q, "k": k, "v": v, "out": out}):
+                self._replay(pos)
+                return out
+            self.slots = None       # refused: copies from now on (below)
+        if self.graph is not None and not self.own:
+            # the graph's arguments point at an earlier step's tensors: back to its own buffers
+            # (or, where even that is refused, a fresh capture)
+            slots = self.slots or self._last_slots
+            self.own = slots.bind({"q": self.q, "k": self.k, "v": self.v, "out": self.out})
+            if not self.own:
+                self.graph, self.slots = None, None
+        torch._foreach_copy_((self.q, self.k, self.v), (q, k, v))     # one launch for the three inputs
+        if self.graph is None:
+            rt = self.runtime
+            if self.pos_at != pos:
+                rt.state.pos.fill_(pos)
+            rt._device_step(self.q, self.k, self.v, self.out)        # eager: compiles the kernels
+            self.pos_at = pos + 1
+            self._capture(q.device)
+        else:
+            self._replay(pos)
         return self.out.clone()
 
 
