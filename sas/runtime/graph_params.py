@@ -58,8 +58,8 @@ def _cuda() -> ctypes.CDLL | None:
 @dataclass
 class _Node:
     handle: ctypes.c_void_p
-    params: _KernelParams
-    array: ctypes.Array           # the argument pointers handed to SetParams
+    params: _KernelParams         # as read from the graph, its argument pointers replaced by `array`
+    array: ctypes.Array           # the argument pointers handed to SetParams (the slots' holders)
     slots: list[tuple[str, ctypes.c_uint64]]
 
 
@@ -70,6 +70,9 @@ class PointerSlots:
         self._exec = ctypes.c_void_p(exec_handle)
         self._nodes = nodes
         self.names = sorted({name for n in nodes for name, _ in n.slots})
+        # per node: its handle, a pointer to its parameters, and its (name, holder) slots
+        self._calls = [(n.handle, ctypes.pointer(n.params), n.slots) for n in nodes]
+        self._set = _cuda().cuGraphExecKernelNodeSetParams_v2
 
     @classmethod
     def find(cls, graph: torch.cuda.CUDAGraph, buffers: Mapping[str, torch.Tensor]) -> PointerSlots | None:
@@ -126,6 +129,7 @@ class PointerSlots:
                             slots.append((name, holder))
                             seen.add(name)
             if slots:
+                p.kernel_params = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
                 nodes.append(_Node(node, p, array, slots))
         if seen != set(buffers):
             return None
@@ -135,12 +139,11 @@ class PointerSlots:
         """Point the graph's arguments at `tensors` (by buffer name) for the next replay; False
         when the driver refused an update (the graph then holds a mix: the caller must rebind
         the captured buffers or stop replaying it)."""
-        cu = _cuda()
-        for node in self._nodes:
-            for name, holder in node.slots:
-                holder.value = tensors[name].data_ptr()
-            node.params.kernel_params = ctypes.cast(node.array, ctypes.POINTER(ctypes.c_void_p))
-            if cu.cuGraphExecKernelNodeSetParams_v2(self._exec, node.handle, ctypes.byref(node.params)) != 0:
+        ptrs = {name: t.data_ptr() for name, t in tensors.items()}
+        for handle, params, slots in self._calls:
+            for name, holder in slots:
+                holder.value = ptrs[name]
+            if self._set(self._exec, handle, params) != 0:
                 return False
         return True
 
