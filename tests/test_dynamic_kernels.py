@@ -204,6 +204,25 @@ def test_decode_checks_every_new_shape_after_a_checked_one():
     assert ker.dynamic.rt.length == 10
 
 
+def test_step_graph_rebinds_only_tensors_laid_out_like_its_buffers(monkeypatch):
+    """The replayed step reads the caller's tensors in place only where the kernels would address
+    them as they address the captured buffers: 16-byte aligned, the same strides on every
+    dimension of more than one entry; and no rebinding at all without the driver API."""
+    from sas.runtime import dynamic_host, graph_params
+
+    buf = torch.empty(2, 4, 1, 16)
+    sg = dynamic_host.StepGraph.__new__(dynamic_host.StepGraph)
+    assert sg._bindable((torch.randn(2, 4, 1, 16), buf))
+    assert sg._bindable((torch.randn(2, 1, 4, 16).transpose(1, 2), buf))       # [B, 1, H, D] transposed
+    assert not sg._bindable((torch.randn(2, 4, 7, 16)[:, :, 3:4], buf))         # a slice of a longer sequence
+    assert not sg._bindable((torch.randn(2 * 4 * 16 + 2)[2:].view(2, 4, 1, 16), buf))   # 8 bytes off
+    one = torch.empty(1, 4, 1, 16)
+    assert sg._bindable((torch.randn(1, 4, 9, 16)[:, :, 2:3].contiguous(), one))
+    assert sg._bindable((torch.randn(1, 9, 4, 16)[:, 2:3].transpose(1, 2), one))   # batch stride: one batch
+    monkeypatch.setattr(graph_params, "_driver", None)
+    assert graph_params.PointerSlots.find(None, {"q": buf}) is None
+
+
 def test_missing_other_inputs_named():
     pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
     with pytest.raises(KernelError, match="'draft'"):
@@ -261,6 +280,22 @@ def test_device_position_step_equals_the_scalar_step():
         got = [ker2.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1]) for i in range(P, q.shape[2])]
         assert ker2.dynamic.rt._graph is not None and ker2.dynamic.rt._graph.graph is not None
         torch.testing.assert_close(torch.cat(got, 2), torch.cat(outs[1:], 2), rtol=0, atol=0)
+        # the graph's kernels pointed at the caller's tensors (contiguous ones, and [B, 1, H, D]
+        # transposed as a model hands them over) and at a fresh output each step, mixed with steps
+        # of slices (other strides: copied in and out): the same outputs, none overwritten later
+        ker3 = SASAttnKernel(pattern, max_len=64)
+        ker3.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])
+        got3 = []
+        for i in range(P, q.shape[2]):
+            x = [t[:, :, i:i + 1] for t in (q, k, v)]
+            if i % 3 == 0:
+                x = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in x]
+            elif i % 3 == 1:
+                x = [t.contiguous() for t in x]
+            got3.append(ker3.decode(*x))
+        graph = ker3.dynamic.rt._graph
+        assert graph.slots is not None and graph.slots.names == ["k", "out", "q", "v"]
+        torch.testing.assert_close(torch.cat(got3, 2), torch.cat(outs[1:], 2), rtol=0, atol=0)
     for n in (24, 10, 17):
         rt.length = n
         expect = [max([j for j in range(n) if cid[j] == s], default=-1) for s in range(rt.kernels.STATIC_SIZE)]
