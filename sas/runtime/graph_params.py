@@ -84,7 +84,7 @@ class PointerSlots:
             return None
         try:
             graph_handle, exec_handle = graph.raw_cuda_graph(), graph.raw_cuda_graph_exec()
-        except RuntimeError:
+        except (AttributeError, RuntimeError):      # a torch without them, or a graph not kept
             return None
         ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in buffers.items()}
         count = ctypes.c_size_t(0)
