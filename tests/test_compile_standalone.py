@@ -137,8 +137,10 @@ def test_dynamic_output_runs_without_sas(tmp_path):
     rep = compile_pattern(pattern, out, max_len=32, head_dim=16, dtype="float32", num_heads=2, num_kv_heads=1,
                           prefill_options=PrefillOptions(16, 16, 4, 1))
     assert rep["dynamic"] is True and rep["static_slots"] == 4
-    assert {"__init__.py", "plan.pt", "standalone.py", "dynamic_host.py", "dynamic_decode.py"} <= set(os.listdir(out))
-    for name in ("__init__.py", "standalone.py", "dynamic_host.py", "dynamic_decode.py", "static_decode.py"):
+    assert {"__init__.py", "plan.pt", "standalone.py", "dynamic_host.py", "graph_params.py",
+            "dynamic_decode.py"} <= set(os.listdir(out))
+    for name in ("__init__.py", "standalone.py", "dynamic_host.py", "graph_params.py", "dynamic_decode.py",
+                 "static_decode.py"):
         src = (out / name).read_text()
         assert "import sas" not in src and "from sas" not in src, name
     q, k, v = qkv(1, 2, 1, N, 16, seed=5)

@@ -114,8 +114,9 @@ def test_compile_dynamic_pattern_runs_standalone(tmp_path, refresh):
     out = tmp_path / "dyn"
     rep = compile_pattern(pattern, out, max_len=48, head_dim=16, dtype="float32", num_heads=4, num_kv_heads=2,
                           prefill_options=PrefillOptions(16, 16, 4, 1))
-    assert sorted(os.listdir(out)) == ["__init__.py", "dynamic_decode.py", "dynamic_host.py", "plan.pt", "prefill.py",
-                                       "report.json", "report.md", "standalone.py", "static_decode.py"]
+    assert sorted(os.listdir(out)) == ["__init__.py", "dynamic_decode.py", "dynamic_host.py", "graph_params.py",
+                                       "plan.pt", "prefill.py", "report.json", "report.md", "standalone.py",
+                                       "static_decode.py"]
     assert rep["dynamic"] is True and rep["score_path"] == "fused kernel"
     assert (rep["static_slots"], rep["budget"]) == (8, 3)
     assert rep["cache_size"] == rep["static_slots"] + rep["pool_slots"]

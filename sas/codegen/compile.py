@@ -10,7 +10,7 @@ The folder is a Python package (docs/architecture.md, "Compiled output"):
 - `decode.py` (static causal patterns): the split-K decode module with `cache_id_func` /
   `mask_func` inlined, plus `fill_cache` / `cache_ids`; for dynamic patterns
   `static_decode.py` (the static part's, when it has slots) and `dynamic_decode.py` (the
-  dynamic kernels) with their host module `dynamic_host.py`;
+  dynamic kernels) with their host module `dynamic_host.py` (and its `graph_params.py`);
 - `plan.pt`: what the plan holds (`torch.load`): the prefill tile schedule for max_len as runs
   of key blocks, and for dynamic patterns the region schedule;
 - `standalone.py`: the host code that reads plan.pt and runs the kernels (torch only; a copy
@@ -49,7 +49,7 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.lang.pattern import Pattern
 from sas.plan import DTYPES, Plan, TileSchedule, dtype_name, make_plan
-from sas.runtime import dynamic_host, standalone
+from sas.runtime import dynamic_host, graph_params, standalone
 from sas.runtime.tiles import schedule_tensors
 
 BACKENDS = ("triton", "cuda", "nki")
@@ -268,10 +268,11 @@ def _dynamic_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_head
         report["files"].append("static_decode.py")
     files["dynamic_decode.py"] = render_dynamic_decode(cplan)
     files["dynamic_host.py"] = _host_source(dynamic_host)
+    files["graph_params.py"] = _host_source(graph_params)     # dynamic_host's (torch + ctypes only)
     files["plan.pt"] = plan_bytes
     files["standalone.py"] = _host_source(standalone)
-    report["files"] += ["dynamic_decode.py", "dynamic_host.py", "plan.pt", "standalone.py", "report.json",
-                        "report.md"]
+    report["files"] += ["dynamic_decode.py", "dynamic_host.py", "graph_params.py", "plan.pt", "standalone.py",
+                        "report.json", "report.md"]
     report["notes"] = []
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     files["report.md"] = _dynamic_markdown(report)

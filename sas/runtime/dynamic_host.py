@@ -21,7 +21,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from sas.runtime.graph_params import PointerSlots
+try:      # a sibling module, in sas and in `sas compile`'s output package
+    from .graph_params import PointerSlots
+except ImportError:     # this file loaded on its own: replayed steps copy their tensors
+    PointerSlots = None
 
 LOG2E = 1.4426950408889634
 #: a replayed decode step reads the caller's q, k, v and writes a fresh output through rebound
@@ -192,7 +195,7 @@ class StepGraph:
             graph.instantiate()
         self.graph = graph
         self.own = True
-        if POINTER_REBINDING:
+        if POINTER_REBINDING and PointerSlots is not None:
             self.slots = self._last_slots = PointerSlots.find(graph, {"q": self.q, "k": self.k, "v": self.v,
                                                                       "out": self.out})
 
