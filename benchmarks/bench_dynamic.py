@@ -85,6 +85,17 @@ def check_small(name: str, dev, dtype) -> dict:
     return {"check_rel_err": rel_err(out, ref.out), "check_held_sets_equal": f"{sum(same)}/{len(same)}"}
 
 
+def eager_loop_ms(kern, qd, kd, vd, steps: int) -> float:
+    """ms per step of `steps` calls of `kern.decode` back to back at advancing positions, as a
+    model's decode loop makes them (one synchronize before and after)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        kern.decode(qd, kd, vd)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / steps * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
@@ -189,12 +200,7 @@ def main() -> None:
                 del qp
                 for _ in range(4):                  # first steps: compile, capture
                     dk.decode(qd, kd, vd)
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(LOOP - 4):
-                    dk.decode(qd, kd, vd)
-                torch.cuda.synchronize()
-                row["dynamic_decode_eager_loop_ms"] = (time.perf_counter() - t) / (LOOP - 4) * 1e3
+                row["dynamic_decode_eager_loop_ms"] = eager_loop_ms(dk, qd, kd, vd, LOOP - 4)
                 row["dynamic_eager_loop_over_graph"] = row["dynamic_decode_eager_loop_ms"] / row["dynamic_decode_ms"]
             row["hbm_floor_dynamic_ms"] = 2 * c.cache_size * B * Hkv * D * 2 / bw * 1e3
             # FlexAttention: static mask, and the oracle mask of the dynamic pattern (all region keys)

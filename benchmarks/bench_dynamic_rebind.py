@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dynamic import dynamic_of  # noqa: E402
+from bench_dynamic import dynamic_of, eager_loop_ms  # noqa: E402
 from bench_kernels import load_pattern  # noqa: E402
 
 from sas.runtime import SASAttnKernel  # noqa: E402
@@ -54,12 +54,7 @@ def main() -> None:
             for rebind in (True, False):
                 sg.slots = slots if rebind else None
                 kern.decode(qd, kd, vd)
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(LOOP - 1):
-                    kern.decode(qd, kd, vd)
-                torch.cuda.synchronize()
-                res[rebind].append((time.perf_counter() - t) / (LOOP - 1) * 1e6)
+                res[rebind].append(eager_loop_ms(kern, qd, kd, vd, LOOP - 1) * 1e3)
         sg.slots = slots
         t = time.perf_counter()
         for _ in range(1000):
