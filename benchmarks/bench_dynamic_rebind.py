@@ -45,7 +45,7 @@ def main() -> None:
             kern.decode(qd, kd, vd)
         torch.cuda.synchronize()
         sg = kern.dynamic.rt._graph
-        slots = sg._last_slots
+        slots = sg.found
         if slots is None:
             print(f"{name}: the graph's arguments cannot be rebound here (driver API or graph); nothing to compare")
             continue

@@ -414,7 +414,7 @@ def test_prefill_falls_back_from_128_key_tiles_the_loader_cannot_run(monkeypatch
     def fake_prefill(q, k, v, fr, fc, pr, pc, order, *, q_offset, out, block_m, block_n):
         calls.append((block_m, block_n, len(fr) - 1))
         if block_n == 128:
-            raise rt.loader.CudaKernelError("prefill: 128 x 128 tiles run on the Hopper wgmma kernel only (...)")
+            raise rt.loader.WideTilesUnavailable("prefill: 128 x 128 tiles run on the Hopper wgmma kernel only (...)")
         return q
 
     monkeypatch.setattr(cuda_rt, "check_cuda_tensor", lambda *a: None)
@@ -427,6 +427,7 @@ def test_prefill_falls_back_from_128_key_tiles_the_loader_cannot_run(monkeypatch
     monkeypatch.setattr(fixed.loader, "prefill", fake_prefill)
     with pytest.raises(fixed.loader.CudaKernelError, match="Hopper wgmma kernel only"):
         fixed.prefill(x, x, x)
+    assert issubclass(fixed.loader.WideTilesUnavailable, fixed.loader.CudaKernelError)
 
 
 def test_decode_kernel_choice_is_checked_before_any_work():

@@ -272,10 +272,10 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
                 whole = _bounded(t, axis, fixed, lo, hi, ctx, len(gaps) + len(acc))
                 if whole is not None:
                     ctx.check(len(acc) + len(whole), f"the terms of {p!r}")
-                joined = _union(acc, whole) if whole is not None else None
-                if joined is not None:
-                    acc = joined
-                    continue
+                    joined = _union(acc, whole)
+                    if joined is not None:
+                        acc = joined
+                        continue
             more = _inside(t, gaps, axis, fixed, ctx)
             ctx.check(len(acc) + len(more), f"the terms of {p!r}")
             acc = from_disjoint(np.concatenate([acc.line, more.line]), np.concatenate([acc.start, more.start]),

@@ -100,8 +100,8 @@ class CudaRuntime:
                                               "sas_cuda_loader", Path(cache_dir) if cache_dir is not None else None)
         self.loader.builder = self._build
         self._tiles: OrderedDict[tuple, tuple] = OrderedDict()
-        self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
-        self._narrow_heights: dict[tuple[int, int], int] = {}
+        #: per (q_len, k_len): the automatic shape, and the height for a fixed width under 128
+        self._shapes: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
         self._held: HeldKeys | None = None
 
     def _build(self, dtype: int | None = None, head_dim: int | None = None) -> Path:
@@ -128,9 +128,9 @@ class CudaRuntime:
         with a fixed width under 128 where that is 128 x 128: 128 rows only for near-dense rows)."""
         if self.block_m is not None:
             return self.block_m
-        shape = self.tile_shape(q_len, k_len)
+        shape, narrow_height = self._auto_shape(q_len, k_len)
         if shape == (128, 128) and self.block_n not in (None, 128):
-            return self._narrow_heights[(q_len, k_len)]
+            return narrow_height
         return shape[0]
 
     def tile_shape(self, q_len: int, k_len: int) -> tuple[int, int]:
@@ -146,23 +146,28 @@ class CudaRuntime:
         block: the lighter tile runs more blocks per SM); 128 x 64 for other near-dense rows (>= 64
         tiles a query block); otherwise 64 x 64, also for rows of 4-8 tiles, where Triton prefers
         64 x 32 (block-local 16K: 0.69 vs 0.73 ms)."""
+        return self._auto_shape(q_len, k_len)[0]
+
+    def _auto_shape(self, q_len: int, k_len: int) -> tuple[tuple[int, int], int]:
+        """`tile_shape`, and the height for a width fixed under 128 (made once per length)."""
         key = (q_len, k_len)
         hit = self._shapes.get(key)
         if hit is not None:
             return hit
         if not uses_wgmma(self.arch):
             shape = (64, 32 if self.plan.schedule(q_len, k_len).options.block_n == 32 else 64)
+            height = 64
         else:
             pattern = self.plan.prefill_pattern
             per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
             narrow = narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 4
-            self._narrow_heights[key] = 128 if per_block >= 64 else 64   # for a fixed width under 128
+            height = 128 if per_block >= 64 else 64
             if not narrow and wide_tiles_pay(pattern, q_len, k_len, per_block):
                 shape = (128, 128)
             else:
-                shape = (self._narrow_heights[key], 32 if narrow else 64)
-        self._shapes[key] = shape
-        return shape
+                shape = (height, 32 if narrow else 64)
+        self._shapes[key] = (shape, height)
+        return shape, height
 
     def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
         """(block_m, block_n, full_rowptr, full_cols, part_rowptr, part_cols, order) for
@@ -185,18 +190,18 @@ class CudaRuntime:
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_cuda_tensor("prefill", name, t)
-        bm, bn, fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
+        bm, bn, *tiles = self.tile_tensors(q.shape[2], k.shape[2], q.device)
         with torch.cuda.device(q.device):
             try:
-                return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2],
-                                           out=out, block_m=bm, block_n=bn)
-            except self.loader.CudaKernelError as e:
+                return self.loader.prefill(q, k, v, *tiles, q_offset=k.shape[2] - q.shape[2], out=out,
+                                           block_m=bm, block_n=bn)
+            except self.loader.WideTilesUnavailable:
                 # tensors the 128 x 128 kernel's copies cannot read (the loader copies the usual
                 # cases): 128 x 64 tiles, which fall back to the mma.sync kernel, as other shapes do
-                if bn != 128 or "Hopper wgmma kernel only" not in str(e) or self.block_n == 128:
+                if self.block_n == 128:
                     raise
-            bm, bn, fr, fc, pr, pc, order = self._tiles_of(q.shape[2], k.shape[2], q.device, 128, 64)
-            return self.loader.prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2], out=out,
+            bm, bn, *tiles = self._tiles_of(q.shape[2], k.shape[2], q.device, 128, 64)
+            return self.loader.prefill(q, k, v, *tiles, q_offset=k.shape[2] - q.shape[2], out=out,
                                        block_m=bm, block_n=bn)
 
     # --- the compact cache ---------------------------------------------------------------------

@@ -171,8 +171,8 @@ class StepGraph:
         self.v = torch.empty_like(v, memory_format=torch.contiguous_format)
         self.out = torch.empty_like(self.q)
         self.graph: Any = None
-        self.slots: PointerSlots | None = None          # None: copy in and out
-        self._last_slots: PointerSlots | None = None
+        self.found: PointerSlots | None = None          # the graph's rebindable arguments, if any
+        self.slots: PointerSlots | None = None          # `found` while rebinding; None: copy in and out
         self.own = True              # the graph's arguments point at its own buffers
         self.pos_at: int | None = None       # the value state.pos holds, as far as the host knows
 
@@ -196,8 +196,8 @@ class StepGraph:
         self.graph = graph
         self.own = True
         if POINTER_REBINDING and PointerSlots is not None:
-            self.slots = self._last_slots = PointerSlots.find(graph, {"q": self.q, "k": self.k, "v": self.v,
-                                                                      "out": self.out})
+            self.slots = self.found = PointerSlots.find(graph, {"q": self.q, "k": self.k, "v": self.v,
+                                                                "out": self.out})
 
     def _bindable(self, *pairs: tuple[torch.Tensor, torch.Tensor]) -> bool:
         """Each tensor 16-byte aligned with its buffer's strides (where a dimension has more than
@@ -205,10 +205,11 @@ class StepGraph:
         return all(t.data_ptr() % 16 == 0 and all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), b_.stride()))
                    for t, b_ in pairs)
 
-    def _replay(self, pos: int) -> None:
+    def _run(self, pos: int, kernels: Callable[[], Any]) -> None:
+        """`kernels()` at position `pos` (state.pos written only where the host's copy differs)."""
         if self.pos_at != pos:
             self.runtime.state.pos.fill_(pos)
-        self.graph.replay()
+        kernels()
         self.pos_at = pos + 1
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
@@ -216,26 +217,21 @@ class StepGraph:
             out = torch.empty_like(self.out)
             self.own = False
             if self.slots.bind({"q": q, "k": k, "v": v, "out": out}):
-                self._replay(pos)
+                self._run(pos, self.graph.replay)
                 return out
             self.slots = None       # refused: copies from now on (below)
         if self.graph is not None and not self.own:
             # the graph's arguments point at an earlier step's tensors: back to its own buffers
             # (or, where even that is refused, a fresh capture)
-            slots = self.slots or self._last_slots
-            self.own = slots.bind({"q": self.q, "k": self.k, "v": self.v, "out": self.out})
+            self.own = self.found.bind({"q": self.q, "k": self.k, "v": self.v, "out": self.out})
             if not self.own:
                 self.graph, self.slots = None, None
         torch._foreach_copy_((self.q, self.k, self.v), (q, k, v))     # one launch for the three inputs
-        if self.graph is None:
-            rt = self.runtime
-            if self.pos_at != pos:
-                rt.state.pos.fill_(pos)
-            rt._device_step(self.q, self.k, self.v, self.out)        # eager: compiles the kernels
-            self.pos_at = pos + 1
+        if self.graph is None:      # eager (compiles the kernels), then captured
+            self._run(pos, lambda: self.runtime._device_step(self.q, self.k, self.v, self.out))
             self._capture(q.device)
         else:
-            self._replay(pos)
+            self._run(pos, self.graph.replay)
         return self.out.clone()
 
 
