@@ -3,8 +3,9 @@
 Shapes: 32 query / 8 KV heads, head dim 128, bf16, one query token per sequence, cache of n
 keys (Gaussian K/V/q), batch 1 and 16, n = 32K and 128K. Timed in the same run:
 
-- SANTA prop (S = 128, alloc=global_sys: scores + stash with the tile budgets in the last
-  program of each KV head, then the sparse V gather with the cast in its last program) and
+- SANTA prop (S = 128, alloc=global_sys) on the Triton kernels (scores + stash with the tile
+  budgets in the last program of each KV head, then the sparse V gather with the cast in its last
+  program) and on the one-launch CUDA kernel (`--prop-backends`), and
   flash (S = 2048: per-tile draws, merge), each a whole `santa_decode` call including the
   uniforms it draws (torch.rand);
 - dense SDPA decode (the faster of the MHA form with the G query heads as rows and
@@ -128,10 +129,10 @@ def config_rows(dev, small: bool, contexts, batches, samples, reps, flex_fn, fle
                     del kc_full, vc_full
                 except Exception as e:  # noqa: BLE001
                     row["sas_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                for strategy, s, stash in samples:
-                    key = f"{strategy}{s}" + ("" if stash == "float32" else "_bf16stash")
+                for strategy, s, stash, backend in samples:
+                    key = sample_key(strategy, s, stash, backend)
                     try:
-                        opts = SantaOptions(n=s, strategy=strategy, stash=stash)
+                        opts = SantaOptions(n=s, strategy=strategy, stash=stash, backend=backend)
                         chk = santa_decode(q, k, v, n, opts, SantaRandom(1), return_counts=True)
                         sq = ((chk.out.float() - exact) ** 2).sum(-1)
                         err = sq.sqrt() / exact.norm(dim=-1)
@@ -166,18 +167,25 @@ def config_rows(dev, small: bool, contexts, batches, samples, reps, flex_fn, fle
     return rows
 
 
+def sample_key(strategy: str, s: int, stash: str, backend: str) -> str:
+    return f"{strategy}{s}" + ("" if stash == "float32" else "_bf16stash") + ("_cuda" if backend == "cuda" else "")
+
+
 def table(rows, samples) -> str:
-    head = ("| context | batch | SDPA ms | Flex ms | sas dense ms | " +
-            " | ".join(f"{st} S={s}{'' if sh == 'float32' else ' bf16 stash'} ms (graph) | x SDPA | MSE / (trΣ/S) | "
-                     f"V rows/KV head | floor ms" for st, s, sh in samples) +
+    head = ("| context | batch | SDPA ms (graph) | Flex ms | sas dense ms | " +
+            " | ".join(f"{st} S={s}{'' if sh == 'float32' else ' bf16 stash'}{' cuda' if be == 'cuda' else ''} ms "
+                       f"(graph) | x SDPA (graph) | MSE / (trΣ/S) | V rows/KV head | floor ms"
+                       for st, s, sh, be in samples) +
             " | dense floor ms |")
     lines = [head, "|" + "---|" * (5 + 5 * len(samples) + 1)]
     f = lambda r, k, fmt=".4f": format(r[k], fmt) if isinstance(r.get(k), (int, float)) else "-"  # noqa: E731
     for r in rows:
-        cells = [str(r["context"]), str(r["batch"]), f(r, "sdpa_ms"), f(r, "flex_ms"), f(r, "sas_dense_ms")]
-        for st, s, sh in samples:
-            key = f"{st}{s}" + ("" if sh == "float32" else "_bf16stash")
-            cells += [f"{f(r, key + '_ms')} ({f(r, key + '_graph_ms')})", f(r, key + "_speedup_vs_sdpa", ".2f"),
+        cells = [str(r["context"]), str(r["batch"]), f"{f(r, 'sdpa_ms')} ({f(r, 'sdpa_graph_ms')})", f(r, "flex_ms"),
+                 f(r, "sas_dense_ms")]
+        for st, s, sh, be in samples:
+            key = sample_key(st, s, sh, be)
+            cells += [f"{f(r, key + '_ms')} ({f(r, key + '_graph_ms')})",
+                      f"{f(r, key + '_speedup_vs_sdpa', '.2f')} ({f(r, key + '_graph_speedup_vs_sdpa', '.2f')})",
                       f(r, key + "_mse_over_multinomial", ".2f"), f(r, key + "_v_rows_per_kv_head", ".0f"), f(r, key + "_floor_ms")]
         cells.append(f(r, "dense_floor_ms"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -191,13 +199,19 @@ def main() -> None:
     ap.add_argument("--batches", default=None, help="comma list (default 1,16)")
     ap.add_argument("--flex-batches", default="1", help="batches timed with FlexAttention ('' for none)")
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop starting configurations after this")
+    ap.add_argument("--prop-backends", default="triton,cuda",
+                    help="prop's kernels to time, comma list of triton / cuda (default: both, same run)")
+    ap.add_argument("--bf16-stash", action="store_true", help="also time prop with the cache-dtype stash")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     small = args.small or dev.type != "cuda"
     contexts = [int(x) for x in args.contexts.split(",")] if args.contexts else ([512] if small else [32768, 131072])
     batches = [int(x) for x in args.batches.split(",")] if args.batches else ([1, 2] if small else [1, 16])
-    samples = [("prop", 16 if small else 128, "float32"), ("prop", 16 if small else 128, "cache"),
-               ("flash", 64 if small else 2048, "float32")]
+    prop_s = 16 if small else 128
+    samples = [("prop", prop_s, "float32", b) for b in args.prop_backends.split(",") if b]
+    if args.bf16_stash:
+        samples.append(("prop", prop_s, "cache", "triton"))
+    samples.append(("flash", 64 if small else 2048, "float32", "triton"))
     flex_fn = None
     flex_batches = {int(x) for x in args.flex_batches.split(",") if x}
     if dev.type == "cuda" and flex_batches:
@@ -212,7 +226,8 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "timing": "triton do_bench median (L2 flushed); *_graph_ms: do_bench_cudagraph median",
               "rows": config_rows(dev, small, contexts, batches, samples, 5 if small else 100, flex_fn, flex_batches,
-                                  bandwidth, args.budget_s)}
+                                  bandwidth, args.budget_s),
+              "samples": samples}
     md = table(report["rows"], samples)
     out = os.environ.get("OUT")
     if out:

@@ -26,11 +26,15 @@ from sas.methods.direct_launch import interpreting as _interpreting
 from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
                                bernoulli_uniform_shape, check_choice, check_samples, flash_tile_samples,
                                sample_counts, tile_budgets, uniforms_shape)
+from sas.methods.santa_cuda import Ineligible, PropCudaPlan, prop_cuda_plan
 from sas.methods.santa_triton import (santa_flash_kernel, santa_flash_merge_kernel, santa_prop_budget_kernel,
                                       santa_prop_gather_kernel, santa_prop_scores_kernel,
                                       santa_static_partial_kernel)
 
 LOG2E = 1.4426950408889634
+#: prop's kernels: "triton" (two launches, the default) or "cuda" (one persistent launch,
+#: `sas.methods.santa_cuda`; slower than Triton on the H100 so far: docs/santa.md)
+BACKENDS = ("triton", "cuda")
 DEFAULT_TILE = {"prop": 256, "flash": 256}
 # prop's global_sys budgets run in the scores kernel's last program per KV head up to this many
 # (query head, tile) pairs (128K keys at tile 256 for 4 heads a group: more would cost the scores
@@ -61,7 +65,9 @@ class SantaOptions:
     """How one SANTA layer samples: S draws per query head (`n`), the estimator (`method`), the
     kernel (`strategy`), prop's tile budgets (`alloc`), the key tile, the stash precision, and
     the score estimator (`qk="exact"` or the paper's Bernoulli ternary query with `qk_samples`
-    draws, `qk_group` "mean" (GQA mean group query) or "head")."""
+    draws, `qk_group` "mean" (GQA mean group query) or "head"), and prop's kernels (`backend`:
+    "triton", or "cuda" for the one-launch CUDA kernel, a KernelError naming why where it cannot
+    run a step)."""
 
     n: int
     method: str = "systematic"
@@ -72,6 +78,7 @@ class SantaOptions:
     qk: str = "exact"
     qk_samples: int = 8
     qk_group: str = "mean"
+    backend: str = "triton"
 
     def __post_init__(self):
         where = "SANTA options"
@@ -83,6 +90,10 @@ class SantaOptions:
         check_choice(self.qk, ESTIMATORS, "qk", where, KernelError)
         check_samples(self.qk_samples, f"{where} (qk_samples)", KernelError)
         check_choice(self.qk_group, GROUPS, "qk_group", where, KernelError)
+        check_choice(self.backend, BACKENDS, "backend", where, KernelError)
+        if self.backend == "cuda" and (self.strategy != "prop" or self.alloc != "global_sys"):
+            raise KernelError(f"{where}: backend='cuda' runs strategy='prop' with alloc='global_sys' only, got "
+                              f"strategy={self.strategy!r}, alloc={self.alloc!r}; use backend='triton'")
         if self.method != "systematic" and self.strategy != "torch":
             raise KernelError(f"{where}: the prop and flash kernels draw systematically; method={self.method!r} "
                               f"runs with strategy='torch'")
@@ -205,9 +216,16 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         santa_flash_merge_kernel[(b * hq,)](o_part, m_part, l_part, out, t, d, *sp.args, BLOCK_T=min(_pow2(t), 64),
                                             BLOCK_D=block_d, HAS_STATIC=sp.splits > 0)
         return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+    compose = static_idx is not None
+    if options.backend == "cuda":
+        if compose:
+            raise KernelError("santa_decode: backend='cuda' does not take a step with an exact static part; use "
+                              "backend='triton'")
+        out, u = _prop_cuda(q, qc, kc, vc, mk if has_mask else None, counts if return_counts else None, n_keys, t,
+                            options, random, uniforms, scale, interp)
+        return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
     # prop: two launches (scores + stash, with the budgets in the last program of each KV head;
     # gather, with the cast in the last program of each KV head) on scratch buffers kept per shape
-    compose = static_idx is not None
     plan = _prop_plan(dev, b, hq, hkv, d, ncap, t, block_n, q.dtype, k_cache.dtype, options, has_mask,
                       return_counts, interp, precision, upcast, compose)
     if plan.global_sys:
@@ -247,6 +265,28 @@ def santa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                 (bufs.stash, inv, off, st, vc, bufs.out32, out, plan.cnt_gather, counts, ncap, n_keys, g, d, t,
                  1.0 / options.n, bufs.mz, *sp.args), dev)
     return StepResult(out, _counts(counts, b, hq, n_keys) if return_counts else None, u)
+
+
+def _prop_cuda(q, qc, kc, vc, mk, counts, n_keys, t, options, random, uniforms, scale, interp):
+    """prop on the one-launch CUDA kernel: (out, uniforms); a KernelError naming why where the
+    kernel cannot run the step (before any uniform is drawn or buffer written)."""
+    dev = q.device
+    b, hq, d = q.shape
+    hkv, ncap = kc.shape[1], kc.shape[2]
+    if interp or dev.type != "cuda":
+        plan: PropCudaPlan | Ineligible = Ineligible("it runs on CUDA devices (not under TRITON_INTERPRET=1)")
+    else:
+        plan = prop_cuda_plan(dev, b, hq, hkv, d, ncap, options.block_n, qc.dtype, kc.dtype, options.n,
+                              options.stash != "float32", scale * LOG2E, _sm_count(dev), _smem_limit(dev))
+    layout = plan.layout(t) if isinstance(plan, PropCudaPlan) else plan
+    if isinstance(layout, Ineligible):
+        raise KernelError(f"santa_decode: backend='cuda' cannot run this step: {layout.reason}")
+    u = random.uniform((b, hq, 1), dev) if uniforms is None else uniforms
+    _check_uniforms(u, (b, hq, 1), "prop (alloc='global_sys')")
+    u = u.to(device=dev, dtype=torch.float32).contiguous()
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=dev)
+    plan.run(qc, kc, vc, mk, u, counts, out, n_keys, layout, _stream(dev))
+    return out, u
 
 
 @dataclass
