@@ -13,6 +13,11 @@ shared memory (`PropCudaPlan.layout`, per number of tiles). The library is built
 per (source, arch, dtype, head dim, group) and cached like the CUDA backend's (`SAS_CACHE_DIR`).
 `PropArgs.timing` (null by default) takes a buffer of per-block phase stamps:
 benchmarks/profile_santa_cuda.py.
+
+The blocks of a KV head wait for each other, so the grid must be resident at once: the layout is
+checked against the whole device's occupancy. Kernels on other streams only delay it, but a
+process confined to part of the GPU (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts)
+may not hold the grid, and the step would not finish: use the Triton backend there.
 """
 
 from __future__ import annotations
