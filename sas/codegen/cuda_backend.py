@@ -80,6 +80,11 @@ def _render(template: str, **context: Any) -> str:
     return _environment(root).get_template(template).render(**context)
 
 
+def render_template(template: str, **context: Any) -> str:
+    """A CUDA template of templates/cuda rendered with `context` (a KernelError when it is missing)."""
+    return _render(template, **context)
+
+
 def _digest(*parts: Any) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -326,4 +331,4 @@ def build_library(source: str, arch: str, directory: Path | None = None, nvcc: s
 
 __all__ = ["BLOCK_N", "CUDA_DTYPES", "CUDA_TEMPLATE_VERSION", "CudaSource", "SUPPORTED_HEAD_DIMS", "build_library",
            "check_compiles", "check_dtype", "check_head_dim", "find_nvcc", "nvcc_command", "render_cuda",
-           "render_loader", "trim_message"]
+           "render_loader", "render_template", "trim_message"]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from sas.codegen.cuda_backend import CUDA_DTYPES, _render, build_library, device_arch, find_nvcc
+from sas.codegen.cuda_backend import CUDA_DTYPES, build_library, device_arch, find_nvcc, render_template
 from sas.errors import KernelError
 
 #: blocks per multiprocessor the grid aims at (one wave; a block of 256 threads streams its run of K)
@@ -64,7 +64,7 @@ _LIBS: dict[tuple, ctypes.CDLL] = {}
 
 def source(gp: int) -> str:
     """The kernel source for a group padded to `gp` query heads (1, 2, 4, 8 or 16)."""
-    return _render("santa_prop.cu.jinja", gp=gp, stages=STAGES)
+    return render_template("santa_prop.cu.jinja", gp=gp, stages=STAGES)
 
 
 def library(arch: str, dtype_code: int, head_dim: int, gp: int) -> ctypes.CDLL:
