@@ -70,7 +70,7 @@ def test_wheel_ships_templates_and_grammar_inside_the_package(built):
     names = set(zipfile.ZipFile(built["wheel"]).namelist())
     assert {f"sas/templates/triton/{t}" for t in TEMPLATES} <= names
     assert {"sas/templates/cuda/kernels.cu.jinja", "sas/templates/cuda/loader.py.jinja",
-            "sas/templates/cuda/santa_prop.cu.jinja"} <= names
+            "sas/templates/cuda/santa_prop.cu.jinja", "sas/templates/cuda/common.cuh.jinja"} <= names
     assert "sas/grammar/sas.lark" in names
     # every package of the source tree is in the wheel, and nothing from outside sas
     packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "sas").rglob("__init__.py")}

@@ -120,7 +120,6 @@ class PropCudaPlan:
     gp: int
     block_n: int
     kv_rows: int
-    want: int                    # blocks per KV head at most (one wave)
     sm_count: int
     smem_limit: int
     buffers: tuple[torch.Tensor, ...]
@@ -228,12 +227,12 @@ def _make_plan(dev, b, hq, hkv, d, ncap, block_n, q_dtype, k_dtype, n_samples, r
     f32 = dict(dtype=torch.float32, device=dev)
     m_t, l_t, inv, off = (torch.empty(rows, t_max, **f32) for _ in range(4))
     st = torch.empty(rows, t_max, dtype=torch.int32, device=dev)
-    part = torch.empty(rows, min(want, t_max), d, **f32)
+    part = torch.empty(rows, min(want, t_max), d, **f32)     # the most blocks a KV head a layout takes
     sync = torch.zeros(3 * b * hkv, dtype=torch.int32, device=dev)
     args = PropArgs(m_t=m_t.data_ptr(), l_t=l_t.data_ptr(), inv=inv.data_ptr(), off=off.data_ptr(), st=st.data_ptr(),
                     part=part.data_ptr(), sync=sync.data_ptr(), ncap=ncap, group=g, bn=block_n, round_u=int(round_u),
                     num_bh=b * hkv, qk_scale_log2=scale_log2, n_samples=float(n_samples))
-    return PropCudaPlan(lib, args, dtype_code, d, gp, block_n, b * hkv, want, sm_count, smem_limit,
+    return PropCudaPlan(lib, args, dtype_code, d, gp, block_n, b * hkv, sm_count, smem_limit,
                         (m_t, l_t, inv, off, st, part, sync), {})
 
 
