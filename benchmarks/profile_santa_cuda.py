@@ -10,7 +10,10 @@ the KV head's budgets: the slowest block's scores plus the budget block's work),
 (list of drawn keys, V rows, the block's partial), final (the last block's sum of the partials),
 total (first start to the end).
 
-    python benchmarks/profile_santa_cuda.py [--contexts 32768,131072] [--variants 4:1,4:2]
+    python benchmarks/profile_santa_cuda.py [--contexts 32768,131072] [--variants 4:1,4:2] [--no-flush]
+
+--no-flush runs one unstamped step before each stamped one instead of the L2-evicting write: the
+L2 then holds what a back-to-back replay loop leaves (the conditions of the graph time).
 
 Variants are STAGES:BLOCKS_PER_SM pairs (K ring stages of 16 KB, blocks per multiprocessor).
 """
@@ -55,6 +58,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--variants", default="4:1,4:2", help="STAGES:BLOCKS_PER_SM pairs")
+    ap.add_argument("--no-flush", action="store_true",
+                    help="an unstamped step before each stamped one instead of the L2-evicting write")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_santa_cuda.py needs an NVIDIA GPU")
@@ -83,15 +88,18 @@ def main() -> None:
             plan = next(p for p in santa_cuda._PLANS.values() if isinstance(p, santa_cuda.PropCudaPlan))
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             stamps = torch.zeros(b * hkv * sms * bps, 8, dtype=torch.int64, device=dev)
-            plan.args.timing = stamps.data_ptr()
             runs = []
             for _ in range(5):
-                flush.zero_()
+                if args.no_flush:
+                    santa_decode(q, k, v, n, opts, rnd)
+                else:
+                    flush.zero_()
+                plan.args.timing = stamps.data_ptr()
                 stamps.zero_()
                 santa_decode(q, k, v, n, opts, rnd)
                 torch.cuda.synchronize()
+                plan.args.timing = None
                 runs.append(phases(stamps))
-            plan.args.timing = None
             med = [statistics.median(r[i] for r in runs) / 1e3 for i in range(len(PHASES))]
             print(f"  stages {stages}, {bps} blocks/SM: graph {cu:.1f} us ({sdpa / cu:.2f}x SDPA) | "
                   + ", ".join(f"{name} {x:.1f}" for name, x in zip(PHASES, med)))

@@ -15,7 +15,7 @@ from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.dynamic import dynamic_attention_reference
 from sas.dynamic.cache_plan import dynamic_cache_plan, fused_score
 from sas.errors import KernelError, NotYetSupportedError, SASError
-from sas.runtime import SASAttnKernel
+from sas.runtime import SASAttnKernel, dynamic_host
 
 from helpers.attention import DEV, qkv
 from helpers.h2o import plain_h2o, region_last_use
@@ -121,6 +121,47 @@ def test_max_reduction_and_epilogue_fused():
     got, held, _ = run_kernel(pattern, q, k, v, 6)
     assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
     torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
+
+
+class _Launches:
+    """A kernel whose launches are counted (`kernel[grid](...)` still runs it)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("score", [None, ops.attn_score().max(dim=1) * 2.0 + 0.5])
+def test_score_pass_over_slot_blocks_equals_the_reference(monkeypatch, score):
+    """From SPLIT_SCORE_FROM cache slots on, step 1 of the update (the score accumulation) runs
+    in the score kernel, one program per SCORE_SLOTS slots, before the update kernel. Forced
+    here on a small cache with 4-slot programs (several per KV head, a ragged last one): batch
+    2, two KV heads of two query heads, the summed and the max-reduced chain with an epilogue;
+    held keys and outputs equal the reference."""
+    monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
+    monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 4)
+    dyn = Dynamic(budget=3) if score is None else Dynamic(budget=3, score=score)
+    pattern = Diag(0, 5) + Diag(5, None) * dyn
+    q, k, v = qkv(2, 4, 2, 22, 16, seed=8)
+    ker = SASAttnKernel(pattern, max_len=64)
+    ker.dynamic.rt.graphs = False       # every step launches (on CUDA a graph would replay one capture)
+    launches = _Launches(ker.dynamic.mod.SCORE_KERNEL)
+    monkeypatch.setattr(ker.dynamic.mod, "SCORE_KERNEL", launches)
+    total = ker.dynamic.mod.TOTAL
+    assert total > 8 and total % 4 != 0
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=6)
+    cast = lambda t: t.float().to(DEV)  # noqa: E731
+    outs = [ker.prefill(cast(q[:, :, :6]), cast(k[:, :, :6]), cast(v[:, :, :6]))]
+    held = [ker.dynamic.held_keys()]
+    for i in range(6, 22):
+        outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
+        held.append(ker.dynamic.held_keys())
+    assert launches.grids == [(-(-total // 4), 4)] * 16       # every decode step, 2 x 2 KV heads
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("score", [

@@ -43,7 +43,7 @@ if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "4"
+TEMPLATE_VERSION = "5"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -458,7 +458,8 @@ def decode_module(analysis, options: DecodeOptions = DecodeOptions(),
 def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
     """Source of the standalone decode module of a dynamic pattern (a
     `sas.dynamic.cache_plan.DynamicCachePlan`): attention over the static segment and the pool,
-    the split combine, and the update kernel (score, expiry, eviction, staging)."""
+    the split combine, the score kernel (step 1 of the update over slot blocks, for large caches)
+    and the update kernel (score, expiry, eviction, staging)."""
     plan, static = cplan.plan, cplan.static_analysis
     pos, key, slot = (ast.Name(n, ast.Load()) for n in ("pos", "key", "slot"))
     if static is not None:
@@ -484,6 +485,7 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         "dynamic_decode.py.jinja",
         attn_kernel=check_identifier(f"sas_dyn_decode_{key_digest}", "kernel name"),
         combine_kernel=check_identifier(f"sas_dyn_combine_{key_digest}", "kernel name"),
+        score_kernel=check_identifier(f"sas_dyn_score_{key_digest}", "kernel name"),
         update_kernel=check_identifier(f"sas_dyn_update_{key_digest}", "kernel name"),
         pattern_repr=_one_line(repr(plan.pattern)),
         pattern_literal=repr(repr(plan.pattern)),

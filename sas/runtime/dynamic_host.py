@@ -31,6 +31,12 @@ LOG2E = 1.4426950408889634
 #: kernel arguments (`StepGraph`); SAS_GRAPH_REBIND=0 copies them in and out instead
 POINTER_REBINDING = os.environ.get("SAS_GRAPH_REBIND", "1") != "0"
 TABLE_NAMES = ("enter_at", "region_last", "enter_ptr", "enter_keys")
+#: the update's score pass runs as a launch of its own, SCORE_SLOTS slots a program, from caches
+#: of SPLIT_SCORE_FROM slots on (below, the update kernel's one program per KV head walks them)
+SCORE_SLOTS = 512
+SPLIT_SCORE_FROM = 1024
+#: warps of the update kernel's one program per KV head
+UPDATE_WARPS = 4
 
 
 def next_power_of_2(n: int) -> int:
@@ -129,12 +135,21 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
 
 def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tensor, enter_ptr: torch.Tensor,
            enter_keys: torch.Tensor, *, score: bool, evict: bool, pos_on_device: bool = False) -> None:
-    """Steps 1-4 of the update kernel after query `pos` (score: the fused chain accumulates;
-    evict: H2O eviction down to BUDGET; pos_on_device: read the position from `state.pos`)."""
+    """Steps 1-4 of the update kernel after query `pos` (score: the fused chain accumulates,
+    from SPLIT_SCORE_FROM cache slots on in the score kernel, over slot blocks; evict: H2O
+    eviction down to BUDGET; pos_on_device: read the position from `state.pos`)."""
     B, H, Hkv, D = state.shape
     group = H // Hkv
     kc, vc = state.k, state.v
     pool_pad = next_power_of_2(kernels.POOL_SIZE)
+    split = bool(score) and kernels.TOTAL >= SPLIT_SCORE_FROM
+    if split:
+        kernels.SCORE_KERNEL[(-(-kernels.TOTAL // SCORE_SLOTS), B * Hkv)](
+            state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, pos, state.pos, Hkv,
+            STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
+            NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), BLOCK=SCORE_SLOTS,
+            POS_PTR=bool(pos_on_device), num_warps=4,
+        )
     kernels.UPDATE_KERNEL[(B * Hkv,)](
         state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
         state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos, state.pos,
@@ -144,9 +159,9 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
         NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), HEAD_DIM=D,
         BLOCK=min(1024, pool_pad) if evict else 256, POOL_PAD=pool_pad if evict else 16,
-        SCORE=bool(score), EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
+        SCORE=bool(score) and not split, EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
         MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
-        POS_PTR=bool(pos_on_device), num_warps=4,
+        POS_PTR=bool(pos_on_device), num_warps=UPDATE_WARPS,
     )
 
 
@@ -409,8 +424,8 @@ class Runtime:
     # --- CUDA graphs of the decode step ---------------------------------------------------------
     def _graphable(self, q: torch.Tensor, accumulate: Any) -> bool:
         """A step runs from a CUDA graph on CUDA for fused chains without refresh (the step is
-        then three kernels reading the position from device memory), unless a graph is being
-        captured around it already (the caller's graph then holds the kernels themselves)."""
+        then three or four kernels reading the position from device memory), unless a graph is
+        being captured around it already (the caller's graph then holds the kernels themselves)."""
         K = self.kernels
         return (self.graphs and q.is_cuda and K.REDUCE is not None and not K.REFRESH and accumulate is None
                 and not torch.cuda.is_current_stream_capturing())

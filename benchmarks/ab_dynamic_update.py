@@ -1,0 +1,125 @@
+"""Same-run A/B of the dynamic decode step's update (issue 11, item 5): where the score pass runs
+(in the update kernel's one program per KV head, or the score kernel over slot blocks of
+SCORE_SLOTS) and the update kernel's warps, on the bench_dynamic.py configurations (each Table-1
+pattern + H2O with budget 512 at 16K; MHA 64 heads batch 1, GQA 32 / 8 heads batch 16; bf16,
+head dim 128). For each pattern: one step from the same saved state under every variant, the
+state after it compared bit for bit with the first variant's; then the CUDA-graph time of the
+step (attention, combine, score and update kernels) beside the static decode of the same
+pattern, in turns (`paired_ms`), and each step over its floor (static decode + the pool's
+bytes at the copy bandwidth), as bench_dynamic.py reports it.
+
+    python benchmarks/ab_dynamic_update.py [--patterns streaming_llm,...] [--out results/NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_dynamic import dynamic_of  # noqa: E402
+from bench_kernels import PATTERNS, copy_bandwidth, load_pattern, paired_ms  # noqa: E402
+
+from sas.runtime import SASAttnKernel, dynamic_host  # noqa: E402
+
+#: (label, SPLIT_SCORE_FROM, SCORE_SLOTS, UPDATE_WARPS)
+VARIANTS = (("in-update", 10 ** 9, 512, 4), ("split512", 0, 512, 4), ("split512-8w", 0, 512, 8),
+            ("split256-8w", 0, 256, 8), ("split512-2w", 0, 512, 2))
+STATE = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst")
+
+
+def use(variant) -> None:
+    _, dynamic_host.SPLIT_SCORE_FROM, dynamic_host.SCORE_SLOTS, dynamic_host.UPDATE_WARPS = variant
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--out", default=None, help="write NAME.md and NAME.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ab_dynamic_update.py needs an NVIDIA GPU")
+    dev, dtype, N, D = torch.device("cuda"), torch.bfloat16, 16384, 128
+    bw = copy_bandwidth(dev)
+    default = (None, dynamic_host.SPLIT_SCORE_FROM, dynamic_host.SCORE_SLOTS, dynamic_host.UPDATE_WARPS)
+    rows = []
+    for cfg, B, Hq, Hkv in (("MHA", 1, 64, 64), ("GQA", 16, 32, 8)):
+        torch.manual_seed(0)
+        k = torch.randn(B, Hkv, N, D, device=dev, dtype=dtype)
+        v = torch.randn_like(k)
+        qd = torch.randn(B, Hq, 1, D, device=dev, dtype=dtype)
+        kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+        for name in args.patterns.split(","):
+            static = load_pattern(name)
+            sk = SASAttnKernel(static, max_len=N)
+            kc, vc = sk.new_cache(B, Hkv, D, dtype, dev)
+            sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
+            so = torch.empty_like(qd)
+            P = N - 2
+            dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
+            dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=dtype), k[:, :, :P].contiguous(),
+                       v[:, :, :P].contiguous())
+            host = dk.dynamic.rt
+            host.graphs = False
+            dk.decode(qd, kd, vd)
+            tabs, do, st = host.device_tables(dev), torch.empty_like(qd), host.state
+            saved = {a: getattr(st, a).clone() for a in STATE}
+
+            def step(variant):
+                use(variant)
+                dynamic_host.attend(host.kernels, st, qd, kd, vd, P, do)
+                dynamic_host.update(host.kernels, st, P, *tabs, score=True, evict=True)
+
+            after = []
+            for variant in VARIANTS:
+                for a in STATE:
+                    getattr(st, a).copy_(saved[a])
+                step(variant)
+                torch.cuda.synchronize()
+                after.append([getattr(st, a).clone() for a in STATE] + [do.clone()])
+            same = all(torch.equal(x, y) for other in after[1:] for x, y in zip(after[0], other))
+            for a in STATE:
+                getattr(st, a).copy_(saved[a])
+            times = paired_ms([lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)] +
+                              [lambda variant=variant: step(variant) for variant in VARIANTS], True, 50, 3)
+            use(default)
+            c = dk.dynamic.cplan
+            floor = times[0] + 2 * c.pool_size * B * Hkv * D * 2 / bw * 1e3
+            row = {"config": cfg, "pattern": name, "slots": c.cache_size, "state_bit_identical": same,
+                   "static_ms": times[0], "floor_ms": floor,
+                   "step_ms": {variant[0]: t for variant, t in zip(VARIANTS, times[1:])}}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del dk, sk, kc, vc
+            torch.cuda.empty_cache()
+        del k, v
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# `python benchmarks/ab_dynamic_update.py` ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"copy {bw / 1e12:.2f} TB/s, {when})", "",
+             "Step time in a CUDA graph, us (over the floor: static decode + pool bytes); variants: "
+             + "; ".join(f"{v[0]} = score pass from {v[1] if v[1] < 10 ** 9 else 'never'} slots, "
+                         f"{v[2]} slots a program, {v[3]} update warps" for v in VARIANTS), "",
+             "| config | pattern | slots | state bit-identical | static us | "
+             + " | ".join(v[0] for v in VARIANTS) + " |", "|---|---|---:|---|---:|" + "---:|" * len(VARIANTS)]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['state_bit_identical']} | "
+                     f"{r['static_ms'] * 1e3:.1f} | " + " | ".join(
+                         f"{r['step_ms'][v[0]] * 1e3:.1f} ({r['step_ms'][v[0]] / r['floor_ms']:.2f})" for v in VARIANTS)
+                     + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).with_suffix(".md").write_text(text)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
