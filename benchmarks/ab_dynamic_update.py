@@ -8,7 +8,8 @@ step (attention, combine, score and update kernels) beside the static decode of 
 pattern, in turns (`paired_ms`), and each step over its floor (static decode + the pool's
 bytes at the copy bandwidth), as bench_dynamic.py reports it.
 
-    python benchmarks/ab_dynamic_update.py [--patterns streaming_llm,...] [--out results/NAME]
+    python benchmarks/ab_dynamic_update.py [--patterns streaming_llm,...] [--variants in-update,split512]
+                                           [--out results/NAME]
 """
 
 from __future__ import annotations
@@ -43,8 +44,15 @@ def use(variant) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS),
+                    help="labels of VARIANTS to run (the first is the one the others are compared with)")
     ap.add_argument("--out", default=None, help="write NAME.md and NAME.json")
     args = ap.parse_args()
+    by_label = {v[0]: v for v in VARIANTS}
+    unknown = [x for x in args.variants.split(",") if x not in by_label]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(by_label)}")
+    variants = [by_label[x] for x in args.variants.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("ab_dynamic_update.py needs an NVIDIA GPU")
     dev, dtype, N, D = torch.device("cuda"), torch.bfloat16, 16384, 128
@@ -79,7 +87,7 @@ def main() -> None:
                 dynamic_host.update(host.kernels, st, P, *tabs, score=True, evict=True)
 
             after = []
-            for variant in VARIANTS:
+            for variant in variants:
                 for a in STATE:
                     getattr(st, a).copy_(saved[a])
                 step(variant)
@@ -89,13 +97,13 @@ def main() -> None:
             for a in STATE:
                 getattr(st, a).copy_(saved[a])
             times = paired_ms([lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)] +
-                              [lambda variant=variant: step(variant) for variant in VARIANTS], True, 50, 3)
+                              [lambda variant=variant: step(variant) for variant in variants], True, 50, 3)
             use(default)
             c = dk.dynamic.cplan
             floor = times[0] + 2 * c.pool_size * B * Hkv * D * 2 / bw * 1e3
             row = {"config": cfg, "pattern": name, "slots": c.cache_size, "state_bit_identical": same,
                    "static_ms": times[0], "floor_ms": floor,
-                   "step_ms": {variant[0]: t for variant, t in zip(VARIANTS, times[1:])}}
+                   "step_ms": {variant[0]: t for variant, t in zip(variants, times[1:])}}
             print(json.dumps(row), flush=True)
             rows.append(row)
             del dk, sk, kc, vc
@@ -106,13 +114,13 @@ def main() -> None:
              f"copy {bw / 1e12:.2f} TB/s, {when})", "",
              "Step time in a CUDA graph, us (over the floor: static decode + pool bytes); variants: "
              + "; ".join(f"{v[0]} = score pass from {v[1] if v[1] < 10 ** 9 else 'never'} slots, "
-                         f"{v[2]} slots a program, {v[3]} update warps" for v in VARIANTS), "",
+                         f"{v[2]} slots a program, {v[3]} update warps" for v in variants), "",
              "| config | pattern | slots | state bit-identical | static us | "
-             + " | ".join(v[0] for v in VARIANTS) + " |", "|---|---|---:|---|---:|" + "---:|" * len(VARIANTS)]
+             + " | ".join(v[0] for v in variants) + " |", "|---|---|---:|---|---:|" + "---:|" * len(variants)]
     for r in rows:
         lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['state_bit_identical']} | "
                      f"{r['static_ms'] * 1e3:.1f} | " + " | ".join(
-                         f"{r['step_ms'][v[0]] * 1e3:.1f} ({r['step_ms'][v[0]] / r['floor_ms']:.2f})" for v in VARIANTS)
+                         f"{r['step_ms'][v[0]] * 1e3:.1f} ({r['step_ms'][v[0]] / r['floor_ms']:.2f})" for v in variants)
                      + " |")
     text = "\n".join(lines) + "\n"
     print(text)
