@@ -37,6 +37,9 @@ SCORE_SLOTS = 512
 SPLIT_SCORE_FROM = 1024
 #: warps of the update kernel's one program per KV head
 UPDATE_WARPS = 4
+#: slots a block of the attention kernel takes for a GQA group in bf16 / fp16 (H100, 32 / 8
+#: heads at batch 16: 128 slots were 12-29% faster a step than 64; docs/benchmarks.md)
+GROUP_BLOCK_N = 128
 
 
 def next_power_of_2(n: int) -> int:
@@ -77,8 +80,14 @@ class State:
         self.new_pool = torch.full((B * Hkv,), -1, dtype=torch.int32, device=device)
         self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
         self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
-        # one query head per kv head: 32-slot blocks (no tl.dot; a ragged last block costs less)
-        self.block_n = min(32, kernels.BLOCK_N) if H == Hkv else kernels.BLOCK_N
+        # one query head per kv head: 32-slot blocks (no tl.dot; a ragged last block costs less);
+        # a group of 16-bit query heads: GROUP_BLOCK_N slots (tl.dot over the padded group)
+        if H == Hkv:
+            self.block_n = min(32, kernels.BLOCK_N)
+        elif dtype in (torch.float16, torch.bfloat16):
+            self.block_n = max(GROUP_BLOCK_N, kernels.BLOCK_N)
+        else:
+            self.block_n = kernels.BLOCK_N
         blocks = max(1, -(-total // self.block_n))
         ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
         ns = max(1, min(ns, blocks))

@@ -1,0 +1,115 @@
+"""Sweep of the dynamic decode attention's slot block and split count (issue 11, item 5).
+
+For Table-1 patterns + H2O (budget 512, 16K, bf16, head dim 128; MHA 64 heads batch 1, GQA
+32 / 8 heads batch 16) the step's state is copied into runtime states (`dynamic_host.State`)
+whose attention takes `bn` slots a block and `ns` splits; each variant's output is compared
+with the default's, then the CUDA-graph time of the whole step (attention, combine, score and
+update kernels) is taken in turns with the static decode (`paired_ms`) and printed beside the
+floor (static decode + the pool's bytes at the copy bandwidth), one markdown row a pattern.
+
+    python benchmarks/sweep_dynamic_attend.py
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_dynamic import dynamic_of  # noqa: E402
+from bench_kernels import copy_bandwidth, load_pattern, paired_ms  # noqa: E402
+
+from sas.runtime import SASAttnKernel  # noqa: E402
+from sas.runtime import dynamic_host as dh  # noqa: E402
+
+if not torch.cuda.is_available():
+    raise SystemExit("sweep_dynamic_attend.py needs an NVIDIA GPU")
+dev = torch.device("cuda")
+dtype = torch.bfloat16
+N, D = 16384, 128
+bw = copy_bandwidth(dev)
+COPY = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst", "pos")
+CASES = (("MHA", 1, 64, 64, ("block_local", "streaming_llm", "sliding_window", "strided_block_local", "openai_fixed")),
+         ("GQA", 16, 32, 8, ("block_local", "streaming_llm", "strided_block_local")))
+
+
+def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int) -> dh.State:
+    """A copy of state `st` whose attention takes `bn` slots a block and `ns` splits."""
+    s2 = dh.State(kern, B, H, Hkv, D, dtype, dev, num_splits=1)
+    for a in COPY:
+        getattr(s2, a).copy_(getattr(st, a))
+    s2.block_n = bn
+    blocks = -(-kern.TOTAL // bn)
+    s2.split_size = -(-blocks // max(1, min(ns, blocks))) * bn
+    s2.num_splits = -(-kern.TOTAL // s2.split_size)
+    n = B * H * s2.num_splits
+    s2.mpart = torch.empty(n, dtype=torch.float32, device=dev)
+    s2.lpart = torch.empty_like(s2.mpart)
+    s2.apart = torch.empty(n * D, dtype=torch.float32, device=dev)
+    return s2
+
+
+def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd) -> str:
+    static = load_pattern(name)
+    sk = SASAttnKernel(static, max_len=N)
+    kc, vc = sk.new_cache(B, Hkv, D, dtype, dev)
+    sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
+    so = torch.empty_like(qd)
+    P = N - 2
+    dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
+    dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=dtype), k[:, :, :P].contiguous(), v[:, :, :P].contiguous())
+    host = dk.dynamic.rt
+    host.graphs = False
+    dk.decode(qd, kd, vd)
+    kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
+    variants = [("default", st)]
+    for bn in ((32, 64) if cfg == "MHA" else (32, 64, 128)):
+        nb = -(-kern.TOTAL // bn)
+        for ns in sorted({max(1, nb // 8), max(1, nb // 4), max(1, nb // 2), nb}):
+            if (bn, ns) != (st.block_n, st.num_splits):
+                variants.append((f"bn{bn}/ns{ns}", variant_state(kern, st, B, Hq, Hkv, bn, ns)))
+    outs = []
+    for _, s in variants:
+        o = torch.empty_like(qd)
+        dh.attend(kern, s, qd, kd, vd, P, o)
+        outs.append(o.float())
+    agree = all(torch.allclose(o, outs[0], atol=2e-2, rtol=2e-2) for o in outs)
+
+    def step_of(s):
+        o = torch.empty_like(qd)
+
+        def step():
+            dh.attend(kern, s, qd, kd, vd, P, o)
+            dh.update(kern, s, P, *tabs, score=True, evict=True)
+        return step
+
+    times = paired_ms([lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)] +
+                      [step_of(s) for _, s in variants], True, 40, 3)
+    floor = times[0] + 2 * dk.dynamic.cplan.pool_size * B * Hkv * D * 2 / bw * 1e3
+    steps = times[1:]
+    best = min(range(len(variants)), key=lambda i: steps[i])
+    return (f"| {cfg} | {name} | {kern.TOTAL} | {agree} | bn{st.block_n}/ns{st.num_splits} {steps[0] * 1e3:.1f} "
+            f"({steps[0] / floor:.2f}) | {variants[best][0]} {steps[best] * 1e3:.1f} ({steps[best] / floor:.2f}) | "
+            + ", ".join(f"{label} {t * 1e3:.1f}" for (label, _), t in zip(variants, steps)) + " |")
+
+
+def main() -> None:
+    rows = []
+    for cfg, B, Hq, Hkv, names in CASES:
+        torch.manual_seed(0)
+        k = torch.randn(B, Hkv, N, D, device=dev, dtype=dtype)
+        v = torch.randn_like(k)
+        qd = torch.randn(B, Hq, 1, D, device=dev, dtype=dtype)
+        kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+        for name in names:
+            rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd))
+            print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
+    print("| config | pattern | slots | outputs agree | default | best | every variant |")
+    print("|---|---|---:|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
