@@ -35,6 +35,27 @@ from sas.runtime import SASAttnKernel, dynamic_host  # noqa: E402
 VARIANTS = (("in-update", 10 ** 9, 512, 4), ("split512", 0, 512, 4), ("split512-8w", 0, 512, 8),
             ("split256-8w", 0, 256, 8), ("split512-2w", 0, 512, 2))
 STATE = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst")
+N, D, DTYPE = 16384, 128, torch.bfloat16
+
+
+def prepare(name: str, B: int, Hq: int, Hkv: int, k: torch.Tensor, v: torch.Tensor, qd: torch.Tensor,
+            kd: torch.Tensor, vd: torch.Tensor):
+    """Table-1 pattern `name` over keys k, v [B, Hkv, N, D]: its static decode of query N - 1
+    (a callable), and its dynamic pattern (+ H2O, budget 512) prefilled on N - 2 tokens and
+    stepped once at N - 2 with graphs off; returns (static step, dynamic kernel, position)."""
+    dev = k.device
+    static = load_pattern(name)
+    sk = SASAttnKernel(static, max_len=N)
+    kc, vc = sk.new_cache(B, Hkv, D, DTYPE, dev)
+    sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
+    so = torch.empty_like(qd)
+    P = N - 2
+    dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
+    dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=DTYPE), k[:, :, :P].contiguous(),
+               v[:, :, :P].contiguous())
+    dk.dynamic.rt.graphs = False
+    dk.decode(qd, kd, vd)
+    return (lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)), dk, P
 
 
 def use(variant) -> None:
@@ -55,7 +76,7 @@ def main() -> None:
     variants = [by_label[x] for x in args.variants.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("ab_dynamic_update.py needs an NVIDIA GPU")
-    dev, dtype, N, D = torch.device("cuda"), torch.bfloat16, 16384, 128
+    dev, dtype = torch.device("cuda"), DTYPE
     bw = copy_bandwidth(dev)
     default = (None, dynamic_host.SPLIT_SCORE_FROM, dynamic_host.SCORE_SLOTS, dynamic_host.UPDATE_WARPS)
     rows = []
@@ -66,18 +87,8 @@ def main() -> None:
         qd = torch.randn(B, Hq, 1, D, device=dev, dtype=dtype)
         kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
         for name in args.patterns.split(","):
-            static = load_pattern(name)
-            sk = SASAttnKernel(static, max_len=N)
-            kc, vc = sk.new_cache(B, Hkv, D, dtype, dev)
-            sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
-            so = torch.empty_like(qd)
-            P = N - 2
-            dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
-            dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=dtype), k[:, :, :P].contiguous(),
-                       v[:, :, :P].contiguous())
+            static_step, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
             host = dk.dynamic.rt
-            host.graphs = False
-            dk.decode(qd, kd, vd)
             tabs, do, st = host.device_tables(dev), torch.empty_like(qd), host.state
             saved = {a: getattr(st, a).clone() for a in STATE}
 
@@ -96,7 +107,7 @@ def main() -> None:
             same = all(torch.equal(x, y) for other in after[1:] for x, y in zip(after[0], other))
             for a in STATE:
                 getattr(st, a).copy_(saved[a])
-            times = paired_ms([lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)] +
+            times = paired_ms([static_step] +
                               [lambda variant=variant: step(variant) for variant in variants], True, 50, 3)
             use(default)
             c = dk.dynamic.cplan
@@ -106,7 +117,7 @@ def main() -> None:
                    "step_ms": {variant[0]: t for variant, t in zip(variants, times[1:])}}
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del dk, sk, kc, vc
+            del dk, static_step
             torch.cuda.empty_cache()
         del k, v
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -17,17 +17,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_dynamic import dynamic_of  # noqa: E402
-from bench_kernels import copy_bandwidth, load_pattern, paired_ms  # noqa: E402
+from ab_dynamic_update import DTYPE, D, N, prepare  # noqa: E402
+from bench_kernels import copy_bandwidth, paired_ms  # noqa: E402
 
-from sas.runtime import SASAttnKernel  # noqa: E402
 from sas.runtime import dynamic_host as dh  # noqa: E402
 
 if not torch.cuda.is_available():
     raise SystemExit("sweep_dynamic_attend.py needs an NVIDIA GPU")
 dev = torch.device("cuda")
-dtype = torch.bfloat16
-N, D = 16384, 128
+dtype = DTYPE
 bw = copy_bandwidth(dev)
 COPY = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst", "pos")
 CASES = (("MHA", 1, 64, 64, ("block_local", "streaming_llm", "sliding_window", "strided_block_local", "openai_fixed")),
@@ -51,17 +49,8 @@ def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int) -> dh.St
 
 
 def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd) -> str:
-    static = load_pattern(name)
-    sk = SASAttnKernel(static, max_len=N)
-    kc, vc = sk.new_cache(B, Hkv, D, dtype, dev)
-    sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
-    so = torch.empty_like(qd)
-    P = N - 2
-    dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
-    dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=dtype), k[:, :, :P].contiguous(), v[:, :, :P].contiguous())
+    static_step, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
     host = dk.dynamic.rt
-    host.graphs = False
-    dk.decode(qd, kd, vd)
     kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
     variants = [("default", st)]
     for bn in ((32, 64) if cfg == "MHA" else (32, 64, 128)):
@@ -84,7 +73,7 @@ def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd) -> s
             dh.update(kern, s, P, *tabs, score=True, evict=True)
         return step
 
-    times = paired_ms([lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)] +
+    times = paired_ms([static_step] +
                       [step_of(s) for _, s in variants], True, 40, 3)
     floor = times[0] + 2 * dk.dynamic.cplan.pool_size * B * Hkv * D * 2 / bw * 1e3
     steps = times[1:]
