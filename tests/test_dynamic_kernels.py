@@ -205,6 +205,20 @@ def test_bf16_gqa_batch_head_dim_64():
     assert ker.kv_cache_bytes() < ker.dense_kv_cache_bytes()
 
 
+def test_bf16_gqa_attends_in_128_slot_blocks():
+    """A GQA group in bf16 attends in GROUP_BLOCK_N (128) slot blocks: a cache of two blocks
+    (a window of 140 static slots and a pool), every split of them, equals the reference."""
+    pattern = Diag(0, 140) + Diag(140, None) * Dynamic(budget=20)
+    q, k, v = qkv(1, 4, 2, 196, 32, seed=10)
+    res = dynamic_attention_reference(pattern, q.bfloat16().double(), k.bfloat16().double(),
+                                      v.bfloat16().double(), prefill_len=180)
+    got, _, ker = run_kernel(pattern, q, k, v, 180, dtype=torch.bfloat16, max_len=256)
+    state = ker.dynamic.rt.state
+    assert state.block_n == dynamic_host.GROUP_BLOCK_N == 128
+    assert ker.dynamic.mod.TOTAL > 128 and state.num_splits == 2
+    assert (got - res.out).abs().max() < 3e-2
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 def test_caller_held_caches_are_refused_for_dynamic_patterns():
