@@ -117,7 +117,8 @@ def main() -> None:
                    "step_ms": {variant[0]: t for variant, t in zip(variants, times[1:])}}
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del dk, static_step
+            del dk, static_step, saved, after
+            host = st = None            # the step closure's state goes too
             torch.cuda.empty_cache()
         del k, v
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

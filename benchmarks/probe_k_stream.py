@@ -6,7 +6,8 @@ before any budget is known; this times kernels that only read such a buffer
 same ring filled by bulk (TMA) copies, plain 16-byte loads) against dense SDPA decode over K and V
 and a torch copy in the same process: CUDA-graph medians (back-to-back replays), and single
 launches after a 256 MB write that leaves the L2 dirty (triton's do_bench flush, the profile's
-conditions).
+conditions). Needs sm_90 or later (the bulk copies and their mbarriers). A ring kernel gives
+each block whole stages, so fewer blocks than the grid may read ("reading" column).
 
     python benchmarks/probe_k_stream.py [--out results/NAME]
 """
@@ -32,6 +33,16 @@ from sas.codegen.cuda_backend import device_arch, find_nvcc  # noqa: E402
 #: (entry, grid in blocks per multiprocessor or "128": the prop kernel's 32K batch-1 grid)
 PROBES = (("cpa_4_16384_256", "128"), ("cpa_4_16384_256", 1), ("cpa_4_16384_256", 2), ("cpa_4_32768_256", 1),
           ("bulk_4_32768_256", 1), ("bulk_3_65536_256", 1), ("ldg_4_256", 2), ("ldg_4_256", 8))
+
+
+def reading_blocks(entry: str, grid: int, nbytes: int) -> int:
+    """Blocks of a launch that read something: a ring kernel (cpa_*, bulk_*) gives each block
+    ceil(nbytes / grid) bytes rounded up to whole stages; plain loads stride over the grid."""
+    if entry.startswith("ldg"):
+        return grid
+    stage = int(entry.split("_")[2])
+    share = -(-(-(-nbytes // grid)) // stage) * stage
+    return -(-nbytes // share)
 
 
 def build() -> ctypes.CDLL:
@@ -95,7 +106,7 @@ def main() -> None:
             ("torch copy of K (reads and writes)", "-", lambda: dst.copy_(k), 2 * nbytes)]
     for entry, per in PROBES:
         grid = 128 if per == "128" else per * sms
-        rows.append((entry, str(grid), probe(entry, grid), nbytes))
+        rows.append((entry, f"{grid} ({reading_blocks(entry, grid, nbytes)} reading)", probe(entry, grid), nbytes))
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# `python benchmarks/probe_k_stream.py` ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"{when})",

@@ -219,6 +219,34 @@ def test_bf16_gqa_attends_in_128_slot_blocks():
     assert (got - res.out).abs().max() < 3e-2
 
 
+def test_attention_block_follows_heads_dtype_and_shared_memory(monkeypatch):
+    """32-slot blocks for MHA; GROUP_BLOCK_N for a bf16 / fp16 group where the GPU's shared
+    memory holds two stages of its K and V tiles (a 228 KB H100 at head dim 128, a 100 KB GPU at
+    head dim 64), the module's 64 otherwise (a 100 KB GPU at head dim 128, fp32)."""
+    kern = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=3), max_len=64).dynamic.mod
+    assert kern.BLOCK_N == 64
+
+    class Props:
+        def __init__(self, kib):
+            self.shared_memory_per_multiprocessor = kib * 1024
+
+    class OldProps:              # a torch without the field: judged by the compute capability
+        def __init__(self, major, minor):
+            self.major, self.minor = major, minor
+
+    def on(kib, heads, d, dtype):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: Props(kib))
+        return dynamic_host.attend_block_n(kern, heads, 2, d, dtype, "cuda")
+
+    assert on(228, 2, 128, torch.bfloat16) == 32
+    assert on(228, 8, 128, torch.bfloat16) == on(100, 8, 64, torch.float16) == 128
+    assert on(100, 8, 128, torch.bfloat16) == on(228, 8, 128, torch.float32) == 64
+    assert dynamic_host.attend_block_n(kern, 8, 2, 128, torch.bfloat16, "cpu") == 128
+    for cap, want in (((9, 0), 128), ((8, 0), 128), ((8, 6), 64)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev, cap=cap: OldProps(*cap))
+        assert dynamic_host.attend_block_n(kern, 8, 2, 128, torch.bfloat16, "cuda") == want
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 def test_caller_held_caches_are_refused_for_dynamic_patterns():
@@ -306,10 +334,15 @@ def test_budget_larger_than_region():
         SASAttnKernel(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), max_len=32)
 
 
-def test_device_position_step_equals_the_scalar_step():
+@pytest.mark.parametrize("split_score", [False, True], ids=["score-in-update", "score-kernel"])
+def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score):
     """The kernels a CUDA graph replays (position read from `state.pos`, advanced on the device)
     give the scalar path's outputs and held keys step for step; `static_keys` follows the
-    length (also when it is set back)."""
+    length (also when it is set back). `score-kernel`: the score pass as a launch of its own
+    (forced from 0 slots, 4 a program), also inside the replayed graph."""
+    if split_score:
+        monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
+        monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 4)
     pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal() + Causal() * ~(Rect(cols=(0, 2)) + Diag(0, 4)) * Dynamic(
         budget=3)
     q, k, v = qkv(1, 4, 2, 24, 16, seed=11)

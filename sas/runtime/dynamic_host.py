@@ -4,7 +4,7 @@ sequence batch, the kernel launches, and the prefill / decode orchestration (`Ru
 This module imports only torch: `sas compile` copies it next to the generated kernel module
 (`dynamic_decode.py`), and `sas.runtime.dynamic.DynamicRuntime` uses it in place. The kernel
 module is passed in (`kernels`): it holds the Triton kernels (`ATTN_KERNEL`, `COMBINE_KERNEL`,
-`UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`, `TOTAL`, `MAX_LEN`,
+`SCORE_KERNEL`, `UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`, `TOTAL`, `MAX_LEN`,
 `BUDGET`, `REFRESH`, `MAX_ENTERING`, `REDUCE`, `BLOCK_N`, `NUM_WARPS`) and the pattern's torch
 functions (`region(i, j)`, `cache_ids(token_ids)`, `epilogue(x)`).
 
@@ -38,7 +38,8 @@ SPLIT_SCORE_FROM = 1024
 #: warps of the update kernel's one program per KV head
 UPDATE_WARPS = 4
 #: slots a block of the attention kernel takes for a GQA group in bf16 / fp16 (H100, 32 / 8
-#: heads at batch 16: 128 slots were 12-29% faster a step than 64; docs/benchmarks.md)
+#: heads at batch 16, head dim 128: 128 slots were 12-29% faster a step than 64;
+#: docs/benchmarks.md), where the shared memory holds them (`attend_block_n`)
 GROUP_BLOCK_N = 128
 
 
@@ -64,6 +65,31 @@ def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_
     return max(1, min(blocks, want))
 
 
+def attend_block_n(kernels: ModuleType, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                   device: Any) -> int:
+    """Slots a block of the attention kernel takes: 32 for one query head per KV head (no
+    tl.dot; a ragged last block costs less); GROUP_BLOCK_N for a GQA group in bf16 / fp16 (tl.dot
+    over the group padded to 16 rows) where the device's shared memory holds two stages of K and
+    V tiles of that many slots with room to spare (H100, A100; the CPU interpreter); otherwise
+    the module's BLOCK_N."""
+    if num_heads == num_kv_heads:
+        return min(32, kernels.BLOCK_N)
+    if dtype in (torch.float16, torch.bfloat16):
+        dev = torch.device(device)
+        if dev.type != "cuda" or _shared_memory(dev) >= 2 * 2 * GROUP_BLOCK_N * head_dim * 2 + 32 * 1024:
+            return max(GROUP_BLOCK_N, kernels.BLOCK_N)
+    return kernels.BLOCK_N
+
+
+def _shared_memory(dev: torch.device) -> int:
+    """Shared memory of one multiprocessor of a CUDA device (bytes)."""
+    props = torch.cuda.get_device_properties(dev)
+    smem = getattr(props, "shared_memory_per_multiprocessor", None)
+    if smem is None:    # a torch without the field: the data-centre parts (sm_80/90/100) have 164-228 KB
+        smem = (164 if (props.major, props.minor) in ((8, 0), (9, 0), (10, 0)) else 100) * 1024
+    return int(smem)
+
+
 class State:
     """Device state of one sequence batch: the compact cache (static segment + pool), the
     accumulated scores per slot, the pool's keys and flags, and scratch buffers."""
@@ -80,14 +106,7 @@ class State:
         self.new_pool = torch.full((B * Hkv,), -1, dtype=torch.int32, device=device)
         self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
         self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
-        # one query head per kv head: 32-slot blocks (no tl.dot; a ragged last block costs less);
-        # a group of 16-bit query heads: GROUP_BLOCK_N slots (tl.dot over the padded group)
-        if H == Hkv:
-            self.block_n = min(32, kernels.BLOCK_N)
-        elif dtype in (torch.float16, torch.bfloat16):
-            self.block_n = max(GROUP_BLOCK_N, kernels.BLOCK_N)
-        else:
-            self.block_n = kernels.BLOCK_N
+        self.block_n = attend_block_n(kernels, H, Hkv, D, dtype, device)
         blocks = max(1, -(-total // self.block_n))
         ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
         ns = max(1, min(ns, blocks))
@@ -433,7 +452,7 @@ class Runtime:
     # --- CUDA graphs of the decode step ---------------------------------------------------------
     def _graphable(self, q: torch.Tensor, accumulate: Any) -> bool:
         """A step runs from a CUDA graph on CUDA for fused chains without refresh (the step is
-        then three or four kernels reading the position from device memory), unless a graph is
+        then two to four kernels reading the position from device memory), unless a graph is
         being captured around it already (the caller's graph then holds the kernels themselves)."""
         K = self.kernels
         return (self.graphs and q.is_cuda and K.REDUCE is not None and not K.REFRESH and accumulate is None
@@ -490,4 +509,5 @@ class Runtime:
                 for b in range(B)]
 
 
-__all__ = ["Runtime", "State", "StepGraph", "attend", "next_power_of_2", "num_splits_for", "top_mask", "update"]
+__all__ = ["Runtime", "State", "StepGraph", "attend", "attend_block_n", "next_power_of_2", "num_splits_for", "top_mask",
+           "update"]
