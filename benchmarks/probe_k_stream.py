@@ -18,9 +18,7 @@ import argparse
 import ctypes
 import datetime
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sas.codegen.cuda_backend import device_arch, find_nvcc  # noqa: E402
+from sas.codegen.cuda_backend import build_library, device_arch  # noqa: E402
 
 #: (entry, grid in blocks per multiprocessor or "128": the prop kernel's 32K batch-1 grid)
 PROBES = (("cpa_4_16384_256", "128"), ("cpa_4_16384_256", 1), ("cpa_4_16384_256", 2), ("cpa_4_32768_256", 1),
@@ -46,13 +44,8 @@ def reading_blocks(entry: str, grid: int, nbytes: int) -> int:
 
 
 def build() -> ctypes.CDLL:
-    arch = device_arch(*torch.cuda.get_device_capability())
-    num = arch[3:]
-    out = Path(tempfile.mkdtemp()) / "probe_k_stream.so"
-    subprocess.run([find_nvcc(), "-O3", "-std=c++17", f"-gencode=arch=compute_{num},code=sm_{num}", "--shared",
-                    "-Xcompiler", "-fPIC", str(ROOT / "benchmarks" / "probe_k_stream.cu"), "-o", str(out)],
-                   check=True)
-    return ctypes.CDLL(str(out))
+    source = (ROOT / "benchmarks" / "probe_k_stream.cu").read_text()
+    return ctypes.CDLL(str(build_library(source, device_arch(*torch.cuda.get_device_capability()))))
 
 
 def main() -> None:

@@ -30,18 +30,11 @@ CASES = (("MHA", 1, 64, 64, ("block_local", "streaming_llm", "sliding_window", "
 
 
 def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int) -> dh.State:
-    """A copy of state `st` whose attention takes `bn` slots a block and `ns` splits."""
-    s2 = dh.State(kern, B, H, Hkv, D, dtype, dev, num_splits=1)
+    """A copy of state `st` whose attention takes `bn` slots a block and `ns` splits (rounded as
+    `dh.State` rounds them)."""
+    s2 = dh.State(kern, B, H, Hkv, D, dtype, dev, num_splits=ns, block_n=bn)
     for a in COPY:
         getattr(s2, a).copy_(getattr(st, a))
-    s2.block_n = bn
-    blocks = -(-kern.TOTAL // bn)
-    s2.split_size = -(-blocks // max(1, min(ns, blocks))) * bn
-    s2.num_splits = -(-kern.TOTAL // s2.split_size)
-    n = B * H * s2.num_splits
-    s2.mpart = torch.empty(n, dtype=torch.float32, device=dev)
-    s2.lpart = torch.empty_like(s2.mpart)
-    s2.apart = torch.empty(n * D, dtype=torch.float32, device=dev)
     return s2
 
 

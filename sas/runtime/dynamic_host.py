@@ -92,10 +92,11 @@ def _shared_memory(dev: torch.device) -> int:
 
 class State:
     """Device state of one sequence batch: the compact cache (static segment + pool), the
-    accumulated scores per slot, the pool's keys and flags, and scratch buffers."""
+    accumulated scores per slot, the pool's keys and flags, and scratch buffers. The attention's
+    slot block and split count follow `attend_block_n` / `num_splits_for` unless given."""
 
     def __init__(self, kernels: ModuleType, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: Any, num_splits: int | None = None):
+                 dtype: torch.dtype, device: Any, num_splits: int | None = None, block_n: int | None = None):
         B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
         total, pool = kernels.TOTAL, kernels.POOL_SIZE
         self.k = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
@@ -106,7 +107,7 @@ class State:
         self.new_pool = torch.full((B * Hkv,), -1, dtype=torch.int32, device=device)
         self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
         self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
-        self.block_n = attend_block_n(kernels, H, Hkv, D, dtype, device)
+        self.block_n = block_n or attend_block_n(kernels, H, Hkv, D, dtype, device)
         blocks = max(1, -(-total // self.block_n))
         ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
         ns = max(1, min(ns, blocks))
