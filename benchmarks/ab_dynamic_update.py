@@ -58,6 +58,12 @@ def prepare(name: str, B: int, Hq: int, Hkv: int, k: torch.Tensor, v: torch.Tens
     return (lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)), dk, P
 
 
+def floor_ms(static_ms: float, dk, B: int, Hkv: int, bw: float) -> float:
+    """Item 5's floor of a dynamic step: the static decode's time plus the pool's K and V bytes
+    at the copy bandwidth `bw` (bytes/s)."""
+    return static_ms + 2 * dk.dynamic.cplan.pool_size * B * Hkv * D * 2 / bw * 1e3
+
+
 def use(variant) -> None:
     _, dynamic_host.SPLIT_SCORE_FROM, dynamic_host.SCORE_SLOTS, dynamic_host.UPDATE_WARPS = variant
 
@@ -110,9 +116,8 @@ def main() -> None:
             times = paired_ms([static_step] +
                               [lambda variant=variant: step(variant) for variant in variants], True, 50, 3)
             use(default)
-            c = dk.dynamic.cplan
-            floor = times[0] + 2 * c.pool_size * B * Hkv * D * 2 / bw * 1e3
-            row = {"config": cfg, "pattern": name, "slots": c.cache_size, "state_bit_identical": same,
+            floor = floor_ms(times[0], dk, B, Hkv, bw)
+            row = {"config": cfg, "pattern": name, "slots": dk.dynamic.cplan.cache_size, "state_bit_identical": same,
                    "static_ms": times[0], "floor_ms": floor,
                    "step_ms": {variant[0]: t for variant, t in zip(variants, times[1:])}}
             print(json.dumps(row), flush=True)

@@ -17,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_dynamic_update import DTYPE, D, N, prepare  # noqa: E402
+from ab_dynamic_update import DTYPE, D, N, floor_ms, prepare  # noqa: E402
 from bench_kernels import copy_bandwidth, paired_ms  # noqa: E402
 
 from sas.runtime import dynamic_host as dh  # noqa: E402
@@ -68,7 +68,7 @@ def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: 
 
     times = paired_ms([static_step] +
                       [step_of(s) for _, s in variants], True, 40, 3)
-    floor = times[0] + 2 * dk.dynamic.cplan.pool_size * B * Hkv * D * 2 / bw * 1e3
+    floor = floor_ms(times[0], dk, B, Hkv, bw)
     steps = times[1:]
     best = min(range(len(variants)), key=lambda i: steps[i])
     return (f"| {cfg} | {name} | {kern.TOTAL} | {agree} | bn{st.block_n}/ns{st.num_splits} {steps[0] * 1e3:.1f} "
