@@ -96,8 +96,7 @@ class State:
     slot block and split count follow `attend_block_n` / `num_splits_for` unless given."""
 
     def __init__(self, kernels: ModuleType, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: Any, num_splits: int | None = None, block_n: int | None = None,
-                 skip: bool = True):
+                 dtype: torch.dtype, device: Any, num_splits: int | None = None, block_n: int | None = None):
         B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
         total, pool = kernels.TOTAL, kernels.POOL_SIZE
         self.k = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
@@ -109,8 +108,6 @@ class State:
         self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
         self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
         self.block_n = block_n or attend_block_n(kernels, H, Hkv, D, dtype, device)
-        #: the attention skips slot blocks with no attended or held slot (a branch per block)
-        self.skip = bool(skip)
         blocks = max(1, -(-total // self.block_n))
         ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
         ns = max(1, min(ns, blocks))
@@ -155,7 +152,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
-        POS_PTR=bool(pos_on_device), SKIP=state.skip, num_warps=kernels.NUM_WARPS, num_stages=2,
+        POS_PTR=bool(pos_on_device), num_warps=kernels.NUM_WARPS, num_stages=2,
     )
     if state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
