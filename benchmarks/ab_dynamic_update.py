@@ -100,8 +100,7 @@ def main() -> None:
 
             def step(variant):
                 use(variant)
-                dynamic_host.attend(host.kernels, st, qd, kd, vd, P, do)
-                dynamic_host.update(host.kernels, st, P, *tabs, score=True, evict=True)
+                dynamic_host.step(host.kernels, st, qd, kd, vd, P, do, tabs, evict=True)
 
             after = []
             for variant in variants:

@@ -175,8 +175,7 @@ def main() -> None:
             do = torch.empty_like(qd)
 
             def step():
-                dynamic_host.attend(host.kernels, host.state, qd, kd, vd, P, do)
-                dynamic_host.update(host.kernels, host.state, P, *tabs, score=True, evict=True)
+                dynamic_host.step(host.kernels, host.state, qd, kd, vd, P, do, tabs, evict=True)
 
             row["dynamic_decode_ms"] = median_ms(step, True, args.rep)
             row["dynamic_attend_only_ms"] = median_ms(

@@ -65,8 +65,7 @@ def main() -> None:
     do = torch.empty_like(qd)
 
     def step():
-        dynamic_host.attend(host.kernels, host.state, qd, kd, vd, P, do)
-        dynamic_host.update(host.kernels, host.state, P, *tabs, score=True, evict=True)
+        dynamic_host.step(host.kernels, host.state, qd, kd, vd, P, do, tabs, evict=True)
     graph_ms = median_ms(step, True, 100)
     bench_ms = median_ms(eager, False, 100)
     t = time.perf_counter()

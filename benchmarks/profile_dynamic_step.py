@@ -2,8 +2,10 @@
 
 For each Table-1 pattern + H2O (budget 512, 16K, bf16, head dim 128; MHA 64 heads batch 1, GQA
 32 / 8 heads batch 16), from the state bench_dynamic.py times, CUDA-graph replays in us:
-- the static decode of the pattern, the dynamic step (attention + combine, then the score and
-  update kernels), and the step's parts: attention + combine, score + update;
+- the static decode of the pattern; the dynamic step (`dynamic_host.step`: the attention, then
+  the score and update kernels, which merge the attention's splits); the same step with the
+  merge in a combine launch of its own (as before 2026-11-26 21:50 UTC); and the step's parts:
+  attention + combine, score + update;
 - each twice: over one set of buffers, as bench_dynamic.py and ab_dynamic_update.py time it (a
   replay then finds in the H100's 50 MB L2 whatever of its working set the last replay left
   there: all of a 33.5 MB static cache), and rotating over `--copies` sets of buffers whose
@@ -80,10 +82,14 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
         return lambda: dh.update(kern, s, P, *tabs, score=True, evict=True)
 
     def step(s):
+        return lambda: dh.step(kern, s, qd, kd, vd, P, do, tabs, evict=True)
+
+    def step_combine_launch(s):            # the step before the merge moved out of a combine launch
         return rotated([attend(s), update(s)])
 
-    kinds = {"static": static_steps, "step": [step(s) for s in states], "attend+combine": [attend(s) for s in states],
-             "score+update": [update(s) for s in states]}
+    kinds = {"static": static_steps, "step": [step(s) for s in states],
+             "step (combine launch)": [step_combine_launch(s) for s in states],
+             "attend+combine": [attend(s) for s in states], "score+update": [update(s) for s in states]}
     fns = [f[0] for f in kinds.values()] + [rotated(f) for f in kinds.values()]
     times = paired_ms(fns, True, 40, 3)
     warm = {kind: t * 1e3 for kind, t in zip(kinds, times[:len(kinds)])}
@@ -131,13 +137,13 @@ def main() -> None:
              f"{torch.cuda.get_device_properties(dev).L2_cache_size / 2 ** 20:.0f} MB, {when})", "",
              "CUDA-graph times in us, warm (one buffer set) / cold (rotating over the copies); the step over "
              "its floor (static decode + pool bytes), warm / cold.", "",
-             "| config | pattern | slots | working set MB static / dynamic | static | step | attend+combine | "
-             "score+update | step / floor |", "|---|---|---:|---|---|---|---|---|---|"]
+             "| config | pattern | slots | working set MB static / dynamic | static | step | step with a combine "
+             "launch | attend+combine | score+update | step / floor |", "|---|---|---:|---|---|---|---|---|---|---|"]
     for r in rows:
         w, c = r["warm_us"], r["cold_us"]
         cell = lambda kind: f"{w[kind]:.1f} / {c[kind]:.1f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['working_set_mb']['static']:.0f} / "
-                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | "
+                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | {cell('step (combine launch)')} | "
                      f"{cell('attend+combine')} | {cell('score+update')} | {r['step_over_floor_warm']:.2f} / "
                      f"{r['step_over_floor_cold']:.2f} |")
     text = "\n".join(lines)

@@ -62,8 +62,7 @@ def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: 
         o = torch.empty_like(qd)
 
         def step():
-            dh.attend(kern, s, qd, kd, vd, P, o)
-            dh.update(kern, s, P, *tabs, score=True, evict=True)
+            dh.step(kern, s, qd, kd, vd, P, o, tabs, evict=True)
         return step
 
     times = paired_ms([static_step] +

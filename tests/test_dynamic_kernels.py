@@ -167,6 +167,42 @@ def test_score_pass_over_slot_blocks_equals_the_reference(monkeypatch, pattern):
     torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("heads, split_score, merged", [
+    (2, False, True), (2, True, True), (4, False, False), (4, True, "forced")],
+    ids=["mha-update-kernel", "mha-score-kernel", "gqa-combine-launch", "gqa-score-kernel-forced"])
+def test_attention_splits_are_merged_after_the_attention(monkeypatch, heads, split_score, merged):
+    """A step (`dynamic_host.step`) merges the attention's splits into the output in a combine
+    launch, or where `merges_after` (MHA) in the kernel after the attention: the update kernel
+    (one program per KV head), or with the score pass in the score kernel (SPLIT_SCORE_FROM
+    forced to 0, 4-slot programs) its first program of each KV head; `forced`: a GQA group of
+    two rows merged there. 16-slot attention blocks over a 26-slot cache give two splits; batch
+    2, two KV heads; outputs and held keys equal the reference at every step, and the combine
+    kernel runs only where nothing merges after the attention."""
+    monkeypatch.setattr(dynamic_host, "attend_block_n", lambda *args: 16)
+    if split_score:
+        monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
+        monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 4)
+    if merged == "forced":
+        monkeypatch.setattr(dynamic_host, "merges_after", lambda state: True)
+    pattern = Diag(0, 20) + Diag(20, None) * Dynamic(budget=5)
+    q, k, v = qkv(2, heads, 2, 40, 16, seed=12)
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=24)
+    ker = SASAttnKernel(pattern, max_len=64)
+    ker.dynamic.rt.graphs = False       # every step launches (on CUDA a graph would replay one capture)
+    launches = _Launches(ker.dynamic.mod.COMBINE_KERNEL)
+    monkeypatch.setattr(ker.dynamic.mod, "COMBINE_KERNEL", launches)
+    cast = lambda t: t.float().to(DEV)  # noqa: E731
+    outs = [ker.prefill(cast(q[:, :, :24]), cast(k[:, :, :24]), cast(v[:, :, :24]))]
+    held = [ker.dynamic.held_keys()]
+    for i in range(24, 40):
+        outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
+        held.append(ker.dynamic.held_keys())
+    assert ker.dynamic.rt.state.num_splits == 2
+    assert len(launches.grids) == (0 if merged else 16)
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("score", [
     ops.attn_score().sum(dim=1).pooling(3, "max"),          # pooling: a second kernel, torch path
     ops.attn_score().mean(dim=1).topk(2),                    # top-k vote

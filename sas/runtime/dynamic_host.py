@@ -125,11 +125,12 @@ class State:
 
 def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
            pos: int, out: torch.Tensor, sm_scale: float | None = None, use_dot: bool | None = None,
-           pos_on_device: bool = False) -> torch.Tensor:
+           pos_on_device: bool = False, combine: bool = True) -> torch.Tensor:
     """The attention of query `pos` (q [B, Hq, 1, D]; k_new, v_new [B, Hkv, 1, D]) over the
     static segment and the loaded pool slots; writes the new key, the raw scores and the row
     statistics into `state` and the output into `out`. `pos_on_device`: the kernel reads the
-    position from `state.pos` instead (what a CUDA graph of the step needs)."""
+    position from `state.pos` instead (what a CUDA graph of the step needs). `combine=False`:
+    the splits are left in `state` for `update(..., out=out)` to merge (what `step` does)."""
     B, H, _, D = q.shape
     Hkv = k_new.shape[1]
     group = H // Hkv
@@ -154,7 +155,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
         POS_PTR=bool(pos_on_device), num_warps=kernels.NUM_WARPS, num_stages=2,
     )
-    if state.num_splits > 1:
+    if combine and state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
             out, state.mpart, state.lpart, state.apart, out.stride(0), out.stride(1), out.stride(3), H,
             HEAD_DIM=D, NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), num_warps=4,
@@ -163,35 +164,66 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
 
 
 def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tensor, enter_ptr: torch.Tensor,
-           enter_keys: torch.Tensor, *, score: bool, evict: bool, pos_on_device: bool = False) -> None:
+           enter_keys: torch.Tensor, *, score: bool, evict: bool, pos_on_device: bool = False,
+           out: torch.Tensor | None = None) -> None:
     """Steps 1-4 of the update kernel after query `pos` (score: the fused chain accumulates,
     from SPLIT_SCORE_FROM cache slots on in the score kernel, over slot blocks; evict: H2O
-    eviction down to BUDGET; pos_on_device: read the position from `state.pos`)."""
+    eviction down to BUDGET; pos_on_device: read the position from `state.pos`). `out`: the
+    output of an `attend(..., combine=False)`, whose splits the score or update kernel merges."""
     B, H, Hkv, D = state.shape
     group = H // Hkv
     kc, vc = state.k, state.v
     pool_pad = next_power_of_2(kernels.POOL_SIZE)
     split = bool(score) and kernels.TOTAL >= SPLIT_SCORE_FROM
+    merge = out is not None and state.num_splits > 1
+    o = out if out is not None else state.apart          # (not read without a merge)
+    o_strides = (o.stride(0), o.stride(1), o.stride(3)) if out is not None else (0, 0, 0)
     if split:
         kernels.SCORE_KERNEL[(-(-kernels.TOTAL // SCORE_SLOTS), B * Hkv)](
             state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, pos, state.pos, Hkv,
+            o, state.apart, *o_strides,
             STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
             NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), BLOCK=SCORE_SLOTS,
-            POS_PTR=bool(pos_on_device), num_warps=4,
+            POS_PTR=bool(pos_on_device), HEAD_DIM=D, MERGE=merge, num_warps=4,
         )
     kernels.UPDATE_KERNEL[(B * Hkv,)](
         state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
         state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos, state.pos,
         kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
         vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
-        Hkv,
+        Hkv, o, state.apart, *o_strides,
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
         NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), HEAD_DIM=D,
         BLOCK=min(1024, pool_pad) if evict else 256, POOL_PAD=pool_pad if evict else 16,
         SCORE=bool(score) and not split, EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
         MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
-        POS_PTR=bool(pos_on_device), num_warps=UPDATE_WARPS,
+        POS_PTR=bool(pos_on_device), MERGE=merge and not split, num_warps=UPDATE_WARPS,
     )
+
+
+#: a step merges the attention's splits in the kernel after it up to this many splits a row
+MERGE_MAX_SPLITS = 64
+
+
+def merges_after(state: State) -> bool:
+    """Whether `step` merges the attention's splits in the score or update kernel instead of a
+    combine launch: for one query head per KV head and at most MERGE_MAX_SPLITS splits. (H100,
+    Table-1 patterns + H2O at 16K: 1.2-1.6 us a step faster for MHA; 0.6-14 us slower for GQA
+    groups of 4, whose rows the one program per KV head merges in series, and for MHA over 103
+    splits; docs/benchmarks.md.)"""
+    B, H, Hkv, D = state.shape
+    return H == Hkv and 1 < state.num_splits <= MERGE_MAX_SPLITS
+
+
+def step(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, pos: int,
+         out: torch.Tensor, tables: tuple[torch.Tensor, ...], *, evict: bool, pos_on_device: bool = False) -> None:
+    """One decode step of a fused score chain: the attention, then the update with the step's
+    scores; the attention's splits are merged into `out` by a combine launch, or where
+    `merges_after` by the score or update kernel. `tables`: `Runtime.device_tables`."""
+    merge = merges_after(state)
+    attend(kernels, state, q, k_new, v_new, pos, out, pos_on_device=pos_on_device, combine=not merge)
+    update(kernels, state, pos, *tables, score=True, evict=evict, pos_on_device=pos_on_device,
+           out=out if merge else None)
 
 
 class StepGraph:
@@ -441,10 +473,12 @@ class Runtime:
             out = self._graph_step(q, k, v, pos)
         else:
             out = torch.empty_like(q)
-            attend(K, st, q, k, v, pos, out)
             if K.REDUCE is None:
+                attend(K, st, q, k, v, pos, out)
                 accumulate(self, q, pos)
-            update(K, st, pos, *self.device_tables(q.device), score=K.REDUCE is not None, evict=not K.REFRESH)
+                update(K, st, pos, *self.device_tables(q.device), score=False, evict=not K.REFRESH)
+            else:
+                step(K, st, q, k, v, pos, out, self.device_tables(q.device), evict=not K.REFRESH)
             if K.REFRESH and pos + 1 < K.MAX_LEN:
                 self.select(pos + 1)
         self.length = pos + 1
@@ -471,8 +505,7 @@ class Runtime:
         """The step's kernels with the position read from `state.pos` (then advanced there)."""
         K = self.kernels
         st = self.state
-        attend(K, st, q, k, v, 0, out, pos_on_device=True)
-        update(K, st, 0, *self.device_tables(q.device), score=True, evict=True, pos_on_device=True)
+        step(K, st, q, k, v, 0, out, self.device_tables(q.device), evict=True, pos_on_device=True)
         st.pos.add_(1)
 
     def select(self, i: int) -> None:
@@ -510,5 +543,5 @@ class Runtime:
                 for b in range(B)]
 
 
-__all__ = ["Runtime", "State", "StepGraph", "attend", "attend_block_n", "next_power_of_2", "num_splits_for", "top_mask",
-           "update"]
+__all__ = ["MERGE_MAX_SPLITS", "Runtime", "State", "StepGraph", "attend", "attend_block_n", "merges_after",
+           "next_power_of_2", "num_splits_for", "step", "top_mask", "update"]
