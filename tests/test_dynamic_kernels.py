@@ -370,18 +370,23 @@ def test_budget_larger_than_region():
         SASAttnKernel(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), max_len=32)
 
 
+@pytest.mark.parametrize("heads", [4, 2], ids=["gqa", "mha-merged"])
 @pytest.mark.parametrize("split_score", [False, True], ids=["score-in-update", "score-kernel"])
-def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score):
+def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score, heads):
     """The kernels a CUDA graph replays (position read from `state.pos`, advanced on the device)
     give the scalar path's outputs and held keys step for step; `static_keys` follows the
     length (also when it is set back). `score-kernel`: the score pass as a launch of its own
-    (forced from 0 slots, 4 a program), also inside the replayed graph."""
+    (forced from 0 slots, 4 a program), also inside the replayed graph. `mha-merged`: one query
+    head per KV head in 4-slot attention blocks, whose splits the kernel after the attention
+    merges (also inside the graph, with its output pointed at the caller's tensors)."""
     if split_score:
         monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
         monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 4)
+    if heads == 2:
+        monkeypatch.setattr(dynamic_host, "attend_block_n", lambda *args: 4)
     pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal() + Causal() * ~(Rect(cols=(0, 2)) + Diag(0, 4)) * Dynamic(
         budget=3)
-    q, k, v = qkv(1, 4, 2, 24, 16, seed=11)
+    q, k, v = qkv(1, heads, 2, 24, 16, seed=11)
     P = 9
     want, want_held, _ = run_kernel(pattern, q, k, v, P)
     q, k, v = (t.to(torch.float32).to(DEV) for t in (q, k, v))
@@ -389,6 +394,7 @@ def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score):
     outs = [ker.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])]
     held = [ker.dynamic.held_keys()]
     rt = ker.dynamic.rt
+    assert dynamic_host.merges_after(rt.state) == (heads == 2)
     rt.state.pos.fill_(P)
     for i in range(P, q.shape[2]):
         o = torch.empty_like(q[:, :, i:i + 1])
