@@ -39,23 +39,26 @@ N, D, DTYPE = 16384, 128, torch.bfloat16
 
 
 def prepare(name: str, B: int, Hq: int, Hkv: int, k: torch.Tensor, v: torch.Tensor, qd: torch.Tensor,
-            kd: torch.Tensor, vd: torch.Tensor):
+            kd: torch.Tensor, vd: torch.Tensor, copies: int = 1):
     """Table-1 pattern `name` over keys k, v [B, Hkv, N, D]: its static decode of query N - 1
-    (a callable), and its dynamic pattern (+ H2O, budget 512) prefilled on N - 2 tokens and
-    stepped once at N - 2 with graphs off; returns (static step, dynamic kernel, position)."""
+    (a callable; a list of `copies` of them over copies of the cache when copies > 1), and its
+    dynamic pattern (+ H2O, budget 512) prefilled on N - 2 tokens and stepped once at N - 2 with
+    graphs off; returns (static step(s), dynamic kernel, position)."""
     dev = k.device
     static = load_pattern(name)
     sk = SASAttnKernel(static, max_len=N)
     kc, vc = sk.new_cache(B, Hkv, D, DTYPE, dev)
     sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
     so = torch.empty_like(qd)
+    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
+    steps = [lambda c=c: sk.runtime.decode(qd, kd, vd, c[0], c[1], N - 1, out=so) for c in caches]
     P = N - 2
     dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
     dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=DTYPE), k[:, :, :P].contiguous(),
                v[:, :, :P].contiguous())
     dk.dynamic.rt.graphs = False
     dk.decode(qd, kd, vd)
-    return (lambda: sk.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=so)), dk, P
+    return (steps if copies > 1 else steps[0]), dk, P
 
 
 def floor_ms(static_ms: float, dk, B: int, Hkv: int, bw: float) -> float:

@@ -31,11 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_dynamic_update import DTYPE, D, N, STATE, floor_ms  # noqa: E402
-from bench_dynamic import dynamic_of  # noqa: E402
-from bench_kernels import PATTERNS, copy_bandwidth, load_pattern, paired_ms  # noqa: E402
+from ab_dynamic_update import DTYPE, D, N, STATE, floor_ms, prepare  # noqa: E402
+from bench_kernels import PATTERNS, copy_bandwidth, paired_ms  # noqa: E402
 
-from sas.runtime import SASAttnKernel  # noqa: E402
 from sas.runtime import dynamic_host as dh  # noqa: E402
 
 COPY = STATE + ("pos",)
@@ -51,20 +49,7 @@ def rotated(fns):
 
 def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: float, copies: int,
             dev) -> dict:
-    static = load_pattern(name)
-    sk = SASAttnKernel(static, max_len=N)
-    kc, vc = sk.new_cache(B, Hkv, D, DTYPE, dev)
-    sk.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
-    so = torch.empty_like(qd)
-    static_caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
-    static_steps = [lambda c=c: sk.runtime.decode(qd, kd, vd, c[0], c[1], N - 1, out=so) for c in static_caches]
-
-    P = N - 2
-    dk = SASAttnKernel(dynamic_of(static, 512), max_len=N)
-    dk.prefill(torch.randn(B, Hq, P, D, device=dev, dtype=DTYPE), k[:, :, :P].contiguous(),
-               v[:, :, :P].contiguous())
-    dk.dynamic.rt.graphs = False
-    dk.decode(qd, kd, vd)
+    static_steps, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd, copies=copies)
     host = dk.dynamic.rt
     kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
     states = [st]
@@ -96,7 +81,8 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     cold = {kind: t * 1e3 / copies for kind, t in zip(kinds, times[len(kinds):])}
     floor_w = floor_ms(warm["static"] / 1e3, dk, B, Hkv, bw) * 1e3
     floor_c = floor_ms(cold["static"] / 1e3, dk, B, Hkv, bw) * 1e3
-    ws = {"static": 2 * kc.numel() * kc.element_size(), "dynamic": 2 * st.k.numel() * st.k.element_size()}
+    per_slot = 2 * B * Hkv * D * st.k.element_size()           # K and V of one slot, every (batch, KV head)
+    ws = {"static": per_slot * dk.dynamic.cplan.static_size, "dynamic": per_slot * kern.TOTAL}
     return {"config": cfg, "pattern": name, "slots": kern.TOTAL, "split": f"bn{st.block_n}/ns{st.num_splits}",
             "working_set_mb": {a: b / 2 ** 20 for a, b in ws.items()}, "warm_us": warm, "cold_us": cold,
             "floor_warm_us": floor_w, "floor_cold_us": floor_c,
