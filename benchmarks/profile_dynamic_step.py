@@ -72,12 +72,8 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     def step_combine_launch(s):            # the step before the merge moved out of a combine launch
         return rotated([attend(s), update(s)])
 
-    def step_score_in_attention(s):
-        return lambda: dh.step(kern, s, qd, kd, vd, P, do, tabs, evict=True, score_in_attention=True)
-
     kinds = {"static": static_steps, "step": [step(s) for s in states],
              "step (combine launch)": [step_combine_launch(s) for s in states],
-             "step (score in attention)": [step_score_in_attention(s) for s in states],
              "attend+combine": [attend(s) for s in states], "score+update": [update(s) for s in states]}
     fns = [f[0] for f in kinds.values()] + [rotated(f) for f in kinds.values()]
     times = paired_ms(fns, True, 40, 3)
@@ -128,13 +124,12 @@ def main() -> None:
              "CUDA-graph times in us, warm (one buffer set) / cold (rotating over the copies); the step over "
              "its floor (static decode + pool bytes), warm / cold.", "",
              "| config | pattern | slots | working set MB static / dynamic | static | step | step with a combine "
-             "launch | step with the score pass in the attention's last split | attend+combine | score+update | "
-             "step / floor |", "|---|---|---:|---|---|---|---|---|---|---|---|"]
+             "launch | attend+combine | score+update | step / floor |", "|---|---|---:|---|---|---|---|---|---|---|"]
     for r in rows:
         w, c = r["warm_us"], r["cold_us"]
         cell = lambda kind: f"{w[kind]:.1f} / {c[kind]:.1f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['working_set_mb']['static']:.0f} / "
-                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | {cell('step (combine launch)')} | {cell('step (score in attention)')} | "
+                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | {cell('step (combine launch)')} | "
                      f"{cell('attend+combine')} | {cell('score+update')} | {r['step_over_floor_warm']:.2f} / "
                      f"{r['step_over_floor_cold']:.2f} |")
     text = "\n".join(lines)

@@ -5,8 +5,6 @@ same held key set after every step."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -203,25 +201,6 @@ def test_attention_splits_are_merged_after_the_attention(monkeypatch, heads, spl
     assert len(launches.grids) == (0 if merged else 8)
     assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
     torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("heads, block", [(2, 16), (4, 16), (2, 64)], ids=["mha-splits", "gqa-splits", "mha-one-split"])
-def test_score_pass_in_the_attentions_last_split(monkeypatch, heads, block):
-    """`step(..., score_in_attention=True)`: the last of a KV head's attention splits to finish
-    (a ticket counter) merges the splits into the output and runs the score pass (256-slot
-    programs forced to 4 slots a pass); the update kernel then skips it. Outputs and held keys
-    equal the reference at every step, with two splits (MHA and a GQA group) and with one."""
-    monkeypatch.setattr(dynamic_host, "attend_block_n", lambda *args: block)
-    monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 4)
-    monkeypatch.setattr(dynamic_host, "step", functools.partial(dynamic_host.step, score_in_attention=True))
-    pattern = Diag(0, 20) + Diag(20, None) * Dynamic(budget=5, score=ops.attn_score().max(dim=1) * 2.0 + 0.5)
-    q, k, v = qkv(2, heads, 2, 32, 16, seed=13)
-    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=24)
-    got, held, ker = run_kernel(pattern, q, k, v, 24)
-    assert ker.dynamic.rt.state.num_splits == (2 if block == 16 else 1)
-    assert int(ker.dynamic.rt.state.counter.sum()) == 0
-    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
-    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("score", [

@@ -117,8 +117,6 @@ class State:
         #: the decode position in device memory, read by the kernels when a CUDA graph replays
         #: the step (`pos_on_device`)
         self.pos = torch.zeros(1, dtype=torch.int32 if kernels.MAX_LEN < 2 ** 31 else torch.int64, device=device)
-        #: per (batch, KV head): splits of the attention that have finished (`attend(score=True)`)
-        self.counter = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
         self.mpart = torch.empty(n, dtype=torch.float32, device=device)
         self.lpart = torch.empty(n, dtype=torch.float32, device=device)
         self.apart = torch.empty(n * D, dtype=torch.float32, device=device)
@@ -127,14 +125,12 @@ class State:
 
 def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
            pos: int, out: torch.Tensor, sm_scale: float | None = None, use_dot: bool | None = None,
-           pos_on_device: bool = False, combine: bool = True, score: bool = False) -> torch.Tensor:
+           pos_on_device: bool = False, combine: bool = True) -> torch.Tensor:
     """The attention of query `pos` (q [B, Hq, 1, D]; k_new, v_new [B, Hkv, 1, D]) over the
     static segment and the loaded pool slots; writes the new key, the raw scores and the row
     statistics into `state` and the output into `out`. `pos_on_device`: the kernel reads the
     position from `state.pos` instead (what a CUDA graph of the step needs). `combine=False`:
-    the splits are left in `state` for `update(..., out=out)` to merge (what `step` does).
-    `score=True`: the last split of each KV head to finish merges the splits and runs the
-    update's score pass (then `update(..., score=False)`)."""
+    the splits are left in `state` for `update(..., out=out)` to merge (what `step` does)."""
     B, H, _, D = q.shape
     Hkv = k_new.shape[1]
     group = H // Hkv
@@ -146,7 +142,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
     kc, vc = state.k, state.v
     kernels.ATTN_KERNEL[(state.num_splits, B * Hkv)](
         q, k_new, v_new, kc, vc, out, state.mpart, state.lpart, state.apart, state.sraw, state.acc,
-        state.flags, state.keys, state.new_pool, pos, state.pos, state.counter,
+        state.flags, state.keys, state.new_pool, pos, state.pos,
         q.stride(0), q.stride(1), q.stride(3),
         k_new.stride(0), k_new.stride(1), k_new.stride(3),
         v_new.stride(0), v_new.stride(1), v_new.stride(3),
@@ -157,10 +153,9 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
-        POS_PTR=bool(pos_on_device), SCORE=bool(score), SCORE_BLOCK=min(SCORE_SLOTS, next_power_of_2(kernels.TOTAL)),
-        S_PAD=next_power_of_2(state.num_splits), num_warps=kernels.NUM_WARPS, num_stages=2,
+        POS_PTR=bool(pos_on_device), num_warps=kernels.NUM_WARPS, num_stages=2,
     )
-    if combine and not score and state.num_splits > 1:
+    if combine and state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
             out, state.mpart, state.lpart, state.apart, out.stride(0), out.stride(1), out.stride(3), H,
             HEAD_DIM=D, NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), num_warps=4,
@@ -221,15 +216,10 @@ def merges_after(state: State) -> bool:
 
 
 def step(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, pos: int,
-         out: torch.Tensor, tables: tuple[torch.Tensor, ...], *, evict: bool, pos_on_device: bool = False,
-         score_in_attention: bool = False) -> None:
+         out: torch.Tensor, tables: tuple[torch.Tensor, ...], *, evict: bool, pos_on_device: bool = False) -> None:
     """One decode step of a fused score chain: the attention, then the update with the step's
     scores; the attention's splits are merged into `out` by a combine launch, or where
     `merges_after` by the score or update kernel. `tables`: `Runtime.device_tables`."""
-    if score_in_attention:
-        attend(kernels, state, q, k_new, v_new, pos, out, pos_on_device=pos_on_device, score=True)
-        update(kernels, state, pos, *tables, score=False, evict=evict, pos_on_device=pos_on_device)
-        return
     merge = merges_after(state)
     attend(kernels, state, q, k_new, v_new, pos, out, pos_on_device=pos_on_device, combine=not merge)
     update(kernels, state, pos, *tables, score=True, evict=evict, pos_on_device=pos_on_device,
