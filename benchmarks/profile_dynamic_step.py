@@ -129,8 +129,9 @@ def main() -> None:
         w, c = r["warm_us"], r["cold_us"]
         cell = lambda kind: f"{w[kind]:.1f} / {c[kind]:.1f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['working_set_mb']['static']:.0f} / "
-                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | {cell('step (combine launch)')} | "
-                     f"{cell('attend+combine')} | {cell('score+update')} | {r['step_over_floor_warm']:.2f} / "
+                     f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | "
+                     f"{cell('step (combine launch)')} | {cell('attend+combine')} | {cell('score+update')} | "
+                     f"{r['step_over_floor_warm']:.2f} / "
                      f"{r['step_over_floor_cold']:.2f} |")
     text = "\n".join(lines)
     print(text)

@@ -376,7 +376,7 @@ def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score, h
     """The kernels a CUDA graph replays (position read from `state.pos`, advanced on the device)
     give the scalar path's outputs and held keys step for step; `static_keys` follows the
     length (also when it is set back). `score-kernel`: the score pass as a launch of its own
-    (forced from 0 slots, 4 a program), also inside the replayed graph. `mha-merged`: one query
+    (forced from 0 slots, 4 a program), also inside the replayed graph. `-mha-merged`: one query
     head per KV head in 4-slot attention blocks, whose splits the kernel after the attention
     merges (also inside the graph, with its output pointed at the caller's tensors)."""
     if split_score:
