@@ -38,6 +38,20 @@ STATE = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst")
 N, D, DTYPE = 16384, 128, torch.bfloat16
 
 
+#: (label, batch, query heads, KV heads) of bench_dynamic.py's two configurations
+CONFIGS = (("MHA", 1, 64, 64), ("GQA", 16, 32, 8))
+
+
+def random_inputs(B: int, Hq: int, Hkv: int, dev):
+    """Seeded keys and values [B, Hkv, N, D], a decode query [B, Hq, 1, D], and the last
+    position's key and value (the decode step's new ones)."""
+    torch.manual_seed(0)
+    k = torch.randn(B, Hkv, N, D, device=dev, dtype=DTYPE)
+    v = torch.randn_like(k)
+    qd = torch.randn(B, Hq, 1, D, device=dev, dtype=DTYPE)
+    return k, v, qd, k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+
+
 def prepare(name: str, B: int, Hq: int, Hkv: int, k: torch.Tensor, v: torch.Tensor, qd: torch.Tensor,
             kd: torch.Tensor, vd: torch.Tensor, copies: int = 1):
     """Table-1 pattern `name` over keys k, v [B, Hkv, N, D]: its static decode of query N - 1
@@ -85,16 +99,12 @@ def main() -> None:
     variants = [by_label[x] for x in args.variants.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("ab_dynamic_update.py needs an NVIDIA GPU")
-    dev, dtype = torch.device("cuda"), DTYPE
+    dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     default = (None, dynamic_host.SPLIT_SCORE_FROM, dynamic_host.SCORE_SLOTS, dynamic_host.UPDATE_WARPS)
     rows = []
-    for cfg, B, Hq, Hkv in (("MHA", 1, 64, 64), ("GQA", 16, 32, 8)):
-        torch.manual_seed(0)
-        k = torch.randn(B, Hkv, N, D, device=dev, dtype=dtype)
-        v = torch.randn_like(k)
-        qd = torch.randn(B, Hq, 1, D, device=dev, dtype=dtype)
-        kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+    for cfg, B, Hq, Hkv in CONFIGS:
+        k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
         for name in args.patterns.split(","):
             static_step, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
             host = dk.dynamic.rt

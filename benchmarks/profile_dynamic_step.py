@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_dynamic_update import DTYPE, D, N, STATE, floor_ms, prepare  # noqa: E402
+from ab_dynamic_update import CONFIGS, DTYPE, D, STATE, floor_ms, prepare, random_inputs  # noqa: E402
 from bench_kernels import PATTERNS, copy_bandwidth, paired_ms  # noqa: E402
 
 from sas.runtime import dynamic_host as dh  # noqa: E402
@@ -103,14 +103,10 @@ def main() -> None:
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     rows = []
-    for cfg, B, Hq, Hkv in (("MHA", 1, 64, 64), ("GQA", 16, 32, 8)):
+    for cfg, B, Hq, Hkv in CONFIGS:
         if cfg not in args.configs.split(","):
             continue
-        torch.manual_seed(0)
-        k = torch.randn(B, Hkv, N, D, device=dev, dtype=DTYPE)
-        v = torch.randn_like(k)
-        qd = torch.randn(B, Hq, 1, D, device=dev, dtype=DTYPE)
-        kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+        k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
         for name in args.patterns.split(","):
             row = profile(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw, args.copies, dev)
             print(json.dumps(row), flush=True)

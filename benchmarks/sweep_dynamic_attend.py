@@ -17,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_dynamic_update import DTYPE, D, N, floor_ms, prepare  # noqa: E402
+from ab_dynamic_update import DTYPE, D, floor_ms, prepare, random_inputs  # noqa: E402
 from bench_kernels import copy_bandwidth, paired_ms  # noqa: E402
 
 from sas.runtime import dynamic_host as dh  # noqa: E402
@@ -81,11 +81,7 @@ def main() -> None:
     bw = copy_bandwidth(dev)
     rows = []
     for cfg, B, Hq, Hkv, names in CASES:
-        torch.manual_seed(0)
-        k = torch.randn(B, Hkv, N, D, device=dev, dtype=dtype)
-        v = torch.randn_like(k)
-        qd = torch.randn(B, Hq, 1, D, device=dev, dtype=dtype)
-        kd, vd = k[:, :, N - 1:N].contiguous(), v[:, :, N - 1:N].contiguous()
+        k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
         for name in names:
             rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw))
             print(rows[-1], flush=True)

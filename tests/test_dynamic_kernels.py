@@ -25,18 +25,23 @@ from strategies import static_plus_h2o
 pytestmark = pytest.mark.kernels
 
 
-def run_kernel(pattern, q, k, v, prefill, *, dtype=torch.float32, max_len=64, other_inputs=None):
-    """Prefill then one decode step per remaining token; returns the outputs [B, Hq, N, D] and
-    the held key sets after each step (as the reference's records)."""
-    ker = SASAttnKernel(pattern, other_inputs=other_inputs, max_len=max_len)
+def run_steps(ker, q, k, v, prefill, *, dtype=torch.float32):
+    """`ker`'s prefill of `prefill` tokens, then one decode step per remaining token; returns the
+    outputs [B, Hq, N, D] (float64, on the CPU) and the held key sets after each step (as the
+    reference's records)."""
     cast = lambda t: t.to(dtype).to(DEV)  # noqa: E731
-    N = q.shape[2]
     outs = [ker.prefill(cast(q[:, :, :prefill]), cast(k[:, :, :prefill]), cast(v[:, :, :prefill]))]
     held = [ker.dynamic.held_keys()]
-    for i in range(prefill, N):
+    for i in range(prefill, q.shape[2]):
         outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
         held.append(ker.dynamic.held_keys())
-    return torch.cat(outs, dim=2).double().cpu(), held, ker
+    return torch.cat(outs, dim=2).double().cpu(), held
+
+
+def run_kernel(pattern, q, k, v, prefill, *, dtype=torch.float32, max_len=64, other_inputs=None):
+    """`run_steps` on a new kernel of `pattern`; returns its outputs, held key sets and the kernel."""
+    ker = SASAttnKernel(pattern, other_inputs=other_inputs, max_len=max_len)
+    return (*run_steps(ker, q, k, v, prefill, dtype=dtype), ker)
 
 
 def check(static, region, dyn, *, N=26, prefill=9, B=1, Hq=4, Hkv=2, D=16, seed=0):
@@ -156,15 +161,10 @@ def test_score_pass_over_slot_blocks_equals_the_reference(monkeypatch, pattern):
     total = ker.dynamic.mod.TOTAL
     assert total > 4 and total % 4 != 0
     res = dynamic_attention_reference(pattern, q, k, v, prefill_len=6)
-    cast = lambda t: t.float().to(DEV)  # noqa: E731
-    outs = [ker.prefill(cast(q[:, :, :6]), cast(k[:, :, :6]), cast(v[:, :, :6]))]
-    held = [ker.dynamic.held_keys()]
-    for i in range(6, 22):
-        outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
-        held.append(ker.dynamic.held_keys())
+    got, held = run_steps(ker, q, k, v, 6)
     assert launches.grids == [(-(-total // 4), 4)] * 16       # every decode step, 2 x 2 KV heads
     assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
-    torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("heads, split_score, merged", [
@@ -191,16 +191,11 @@ def test_attention_splits_are_merged_after_the_attention(monkeypatch, heads, spl
     ker.dynamic.rt.graphs = False       # every step launches (on CUDA a graph would replay one capture)
     launches = _Launches(ker.dynamic.mod.COMBINE_KERNEL)
     monkeypatch.setattr(ker.dynamic.mod, "COMBINE_KERNEL", launches)
-    cast = lambda t: t.float().to(DEV)  # noqa: E731
-    outs = [ker.prefill(cast(q[:, :, :24]), cast(k[:, :, :24]), cast(v[:, :, :24]))]
-    held = [ker.dynamic.held_keys()]
-    for i in range(24, 32):
-        outs.append(ker.decode(cast(q[:, :, i:i + 1]), cast(k[:, :, i:i + 1]), cast(v[:, :, i:i + 1])))
-        held.append(ker.dynamic.held_keys())
+    got, held = run_steps(ker, q, k, v, 24)
     assert ker.dynamic.rt.state.num_splits == 2
     assert len(launches.grids) == (0 if merged else 8)
     assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
-    torch.testing.assert_close(torch.cat(outs, dim=2).double().cpu(), res.out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("score", [
