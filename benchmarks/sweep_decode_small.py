@@ -37,10 +37,12 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--splits", default="auto,1,2,3,4,6")
     ap.add_argument("--no-fused", action="store_true")
+    ap.add_argument("--pdl", action="store_true", help="every variant (the default too) as programmatic "
+                                                       "dependent launches")
     ap.add_argument("--bps", default="", help="time the default decode with the split rule's blocks_per_split "
                                               "set to each of these, e.g. 4,8,16")
     ap.add_argument("--configs", default="64,4,2;64,8,2;64,4,3;128,8,2;32,4,2",
-                    help="block_n,num_warps,num_stages;...")
+                    help="block_n,num_warps,num_stages[,waves];...")
     args = ap.parse_args()
     dev = torch.device("cuda")
     N, B, H, D = args.length, args.batch, args.heads, args.head_dim
@@ -64,6 +66,9 @@ def main() -> None:
         vc.normal_(generator=g)
         ref = base.runtime.decode(qd, kd, vd, kc.clone(), vc.clone(), N - 1).float()
         default_cfg = base.plan.decode_config(H // Hkv)
+        if args.pdl:
+            default_cfg = dataclasses.replace(default_cfg, pdl=True)
+            base = SASAttnKernel(load_pattern(name), max_len=N, decode_options=default_cfg)
         dout = torch.empty_like(qd)
         dflt_ms = median_ms(lambda: base.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dout), True, args.rep)
         torch.cuda.synchronize()
@@ -78,13 +83,15 @@ def main() -> None:
             def step_bps():
                 dmod.decode(qd, kd, vd, kc, vc, N - 1, out=dout, num_splits=sp, block_n=default_cfg.block_n,
                             num_warps=default_cfg.num_warps, num_stages=default_cfg.num_stages,
-                            use_dot=(H > Hkv) or default_cfg.mha_dot, fused_combine=default_cfg.fused_combine)
+                            use_dot=(H > Hkv) or default_cfg.mha_dot, fused_combine=default_cfg.fused_combine,
+                            pdl=args.pdl)
             ms = median_ms(step_bps, True, args.rep)
             torch.cuda.synchronize()
             table.append((name, C, f"default, blocks_per_split={bps} ({sp} splits)", ms * 1e3, ms / floor))
         for cfg in filter(None, args.configs.split(";")):
-            bn, w, st = map(int, cfg.split(","))
-            opts = dataclasses.replace(default_cfg, block_n=bn, num_warps=w, num_stages=st)
+            bn, w, st, *wv = map(int, cfg.split(","))
+            opts = dataclasses.replace(default_cfg, block_n=bn, num_warps=w, num_stages=st,
+                                       waves=wv[0] if wv else default_cfg.waves)
             kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=opts)
             mod = kern.runtime.decode_module(opts)
             for sp in args.splits.split(","):
@@ -96,8 +103,9 @@ def main() -> None:
 
                     def step():
                         mod.decode(qd, kd, vd, kc, vc, N - 1, out=out, num_splits=n_sp, block_n=bn, num_warps=w,
-                                   num_stages=st, use_dot=(H > Hkv) or opts.mha_dot, fused_combine=fused)
-                    label = f"bn={bn} w={w} st={st} splits={sp}{' fused' if fused else ''}"
+                                   num_stages=st, use_dot=(H > Hkv) or opts.mha_dot, fused_combine=fused, pdl=args.pdl)
+                    label = (f"bn={bn} w={w} st={st}{f' waves={wv[0]}' if wv else ''} splits={sp}"
+                             f"{' fused' if fused else ''}")
                     try:
                         step()
                         torch.cuda.synchronize()

@@ -58,8 +58,12 @@ def test_table1_decode_matches_prefill_rows(name, splits):
 
 @pytest.mark.parametrize("opts", [DecodeOptions(16, 4, 1, fused_combine=True, skip_mode="none"),
                                   DecodeOptions(32, 2, 2, mha_dot=True, waves=1, skip_mode="mask"),
-                                  DecodeOptions(16, 4, 1, skip_mode="flags", fused_combine=True, mha_dot=True)])
+                                  DecodeOptions(16, 4, 1, skip_mode="flags", fused_combine=True, mha_dot=True),
+                                  DecodeOptions(16, 4, 1, skip_mode="flags", pdl=True),
+                                  DecodeOptions(32, 4, 1, skip_mode="none", pdl=True)])
 def test_decode_option_variants(opts):
+    """(`pdl` is ignored under the interpreter; on a GPU of compute capability 9+ the kernels
+    then run as programmatic dependent launches.)"""
     p = TABLE1_KERNELS["openai_fixed"]
     kern = SASAttnKernel(p, max_len=64, prefill_options=PO, decode_options=opts, num_splits=3)
     assert prefill_then_decode(kern, p, B=2, Hq=2, Hkv=2, L=64, P=55) < TOL[torch.float32]
@@ -294,3 +298,49 @@ def test_direct_launches_equal_bound_launches_and_capture_in_a_graph(name):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gout, outs[0])
+
+
+def test_pdl_option_checked_and_off_where_unsupported():
+    with pytest.raises(KernelError, match="pdl must be True or False"):
+        DecodeOptions(pdl="yes")
+    kern = SASAttnKernel(TABLE1_KERNELS["streaming_llm"], max_len=64, decode_options=DecodeOptions(pdl=True))
+    mod = kern.runtime.decode_module(DecodeOptions(pdl=True))
+    assert not mod.pdl_supported(torch.device("cpu"))
+
+
+PDL_GPU = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.skipif(not PDL_GPU, reason="programmatic dependent launch needs a GPU of compute capability 9+")
+@pytest.mark.parametrize("name", ["streaming_llm", "strided_block_local"])
+def test_pdl_decode_chain_in_a_graph_equals_plain_launches(name):
+    """A chain of decodes over four layers' caches, each query written by a torch kernel just
+    before its decode, captured in a CUDA graph: with programmatic dependent launches the
+    outputs and caches equal those of plain launches bit for bit (several splits with a
+    combine kernel, and one split)."""
+    p = TABLE1_KERNELS[name]
+    q, k, v = qkv(1, 4, 2, 72, 64, dtype=torch.bfloat16, device=DEV, seed=5)
+    runs = []
+    for pdl in (False, True):
+        kern = SASAttnKernel(p, max_len=72, decode_options=DecodeOptions(block_n=32, pdl=pdl))
+        kc, vc = kern.new_cache(1, 2, 64, torch.bfloat16, DEV)
+        kern.fill_cache(k[:, :, :60], v[:, :, :60], kc, vc)
+        layers = [(kc.clone(), vc.clone(), torch.empty_like(q[:, :, :1]), torch.empty_like(q[:, :, :1]))
+                  for _ in range(4)]
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i, (lk, lv, lq, lo) in enumerate(layers):  # warm-up: compile outside the capture
+                lq.copy_(q[:, :, 60 + i:61 + i])
+                kern.runtime.decode(lq, k[:, :, 60:61], v[:, :, 60:61], lk.clone(), lv.clone(), 60, out=lo)
+            graph.capture_begin()
+            for i, (lk, lv, lq, lo) in enumerate(layers):
+                lq.copy_(q[:, :, 60 + i:61 + i] * 2)
+                kern.runtime.decode(lq, k[:, :, 60:61], v[:, :, 60:61], lk, lv, 60, out=lo)
+            graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+        runs.append([t.clone() for layer in layers for t in (layer[0], layer[1], layer[3])])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert not torch.equal(runs[0][2], runs[0][5])  # the layers' queries, hence outputs, differ

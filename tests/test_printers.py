@@ -5,7 +5,10 @@ tests/data/triton_lowering_golden.json (captured from the pre-refactor lower_tri
 hashes re-captured on 2026-11-26 after the prefill template changed (TMA loads, folded scale),
 with the printers unchanged: every decode hash still matched; the decode hashes re-captured the
 same day after the decode template's host code changed (direct launches), once every decode
-hash of the previous template had been checked to match again)."""
+hash of the previous template had been checked to match again; and again on 2026-11-26 (late)
+after the decode template gained programmatic dependent launch (DecodeOptions.pdl, which also
+enters every decode kernel's name), with every prefill hash and the old decode hashes matching
+first)."""
 
 from __future__ import annotations
 

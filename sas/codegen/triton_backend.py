@@ -84,11 +84,20 @@ class DecodeOptions:
     #: merge the splits in the last program to finish (atomic ticket) instead of a second
     #: kernel; measured slower on H100, so off by default
     fused_combine: bool = False
+    #: launch the decode's kernels as programmatic dependent launches (compute capability 9+;
+    #: ignored elsewhere and under the interpreter): each kernel waits at its start for the
+    #: kernel before it, so its launch overlaps that kernel's end. H100: ~1 us faster a step
+    #: where the kernel before takes part in PDL (another decode, a Triton kernel launched with
+    #: launch_pdl), 0.4-0.6 us slower after a plain kernel, so off by default
+    #: (docs/benchmarks.md, "Programmatic dependent launch")
+    pdl: bool = False
 
     def __post_init__(self):
         if self.skip_mode not in (None, "none", "mask", "flags"):
             raise KernelError(f"DecodeOptions.skip_mode must be None, 'none', 'mask' or 'flags', "
                               f"got {self.skip_mode!r}")
+        if not isinstance(self.pdl, bool):
+            raise KernelError(f"DecodeOptions.pdl must be True or False, got {self.pdl!r}")
         if not isinstance(self.waves, int) or self.waves < 1:
             raise KernelError(f"DecodeOptions.waves must be a positive integer, got {self.waves!r}")
         v = self.block_n

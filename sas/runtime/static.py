@@ -120,7 +120,8 @@ class TritonRuntime:
             slot_keys = held(position, q.device)
         return mod.decode(q, k, v, past_k, past_v, position, out=out, num_splits=splits, slot_keys=slot_keys,
                           block_n=o.block_n, num_warps=o.num_warps, num_stages=o.num_stages,
-                          use_dot=(q.shape[1] > k.shape[1]) or o.mha_dot, fused_combine=o.fused_combine)
+                          use_dot=(q.shape[1] > k.shape[1]) or o.mha_dot, fused_combine=o.fused_combine,
+                          pdl=o.pdl)
 
 
 register_backend("triton", TritonRuntime)
