@@ -343,8 +343,15 @@ def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
     patterns at 2K-16K, bf16, head dim 128, 64 heads batch 1 and 32/8 heads batch 16):
     64-slot blocks, 4 warps, 2 stages, splits for about 2 programs per SM, separate combine
     kernel; 32-slot blocks when each kv head serves one query head and the cache is not a
-    multiple of 64 slots (a ragged last block then costs a whole iteration)."""
+    multiple of 64 slots (a ragged last block then costs a whole iteration). For one query head
+    per kv head and 129-512 slots, 32-slot blocks and splits for about 3 programs per SM: at 384
+    slots the 64-slot rule leaves 3 splits of 2 blocks (ceil rounding), 32-slot blocks give 6
+    splits of 2 (H100, 64 heads, 2026-11-26: 8.5 -> 7.0 us at batch 1, 26.4 -> 25.2 at 4,
+    84.9 -> 83.7 at 16; the same blocks were 18% slower at 1024 slots and 1.9x slower at 64,
+    batch 1; `benchmarks/sweep_decode_small.py`)."""
     C = int(analysis.cache_size)
+    if group == 1 and 128 < C <= 512:
+        return DecodeOptions(block_n=32, waves=3)
     if group == 1 and C > 128 and C % 64:
         return DecodeOptions(block_n=32)
     return DecodeOptions()
