@@ -8,7 +8,9 @@ bf16, batch 1, plus a GQA decode configuration (32 query / 8 KV heads, batch 16)
 - decode (one token at position N - 1, timed by CUDA-graph replay): sas split-K kernel over
   the compact cache (the new token's store included), flex_attention over the dense cache
   with the decode BlockMask, dense SDPA, and the HBM floor = compact K+V cache bytes over the
-  measured device copy bandwidth (bytes read + written).
+  measured device copy bandwidth (bytes read + written); on compute capability 9+ the sas
+  decode also as programmatic dependent launches (`DecodeOptions.pdl`, column "sas PDL";
+  its output checked equal to the plain decode's bit for bit).
 
 Every number is a median. Before timing, each sas output is checked against Flex on the same
 inputs (decode: the compact cache is filled from the dense one).
@@ -101,6 +103,24 @@ def paired_ms(fns, graph: bool, rep: int, rounds: int) -> list[float]:
         for i, fn in enumerate(fns):
             times[i].append(median_ms(fn, graph, rep))
     return [sorted(t)[len(t) // 2] for t in times]
+
+
+def pdl_decode_ms(pattern, N: int, kern, po, do, args5, dout: torch.Tensor, rep: int) -> float | None:
+    """The same decode as programmatic dependent launches (`DecodeOptions.pdl`; compute
+    capability 9+): its graph-replay median, after checking it writes `dout` bit for bit.
+    None where PDL is not available."""
+    dev = dout.device
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] < 9:
+        return None
+    q, kd, vd, kc, vc = args5
+    group = q.shape[1] // kd.shape[1]
+    pk = SASAttnKernel(pattern, max_len=N, prefill_options=po,
+                       decode_options=dataclasses.replace(do or kern.plan.decode_config(group), pdl=True))
+    out = torch.empty_like(dout)
+    pk.runtime.decode(q, kd, vd, kc.clone(), vc.clone(), N - 1, out=out)
+    if not torch.equal(out, dout):
+        raise RuntimeError(f"{pattern!r}: the PDL decode's output differs from the plain decode's")
+    return median_ms(lambda: pk.runtime.decode(q, kd, vd, kc, vc, N - 1, out=out), True, rep)
 
 
 def copy_bandwidth(dev) -> float:
@@ -224,6 +244,7 @@ def main() -> None:
             dec_out = torch.empty_like(qd)
             row["sas_decode_ms"] = median_ms(
                 lambda: kern.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
+            row["sas_decode_pdl_ms"] = pdl_decode_ms(pattern, N, kern, po, do, (qd, kd, vd, kc, vc), dec_out, rep)
             row["hbm_floor_decode_ms"] = 2 * C * H * D * 2 / bw * 1e3
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
@@ -258,6 +279,7 @@ def main() -> None:
             dec_out = torch.empty_like(qd)
             row["sas_decode_ms"] = median_ms(
                 lambda: kern.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dec_out), True, rep)
+            row["sas_decode_pdl_ms"] = pdl_decode_ms(pattern, N, kern, po, do, (qd, kd, vd, kc, vc), dec_out, rep)
             row["hbm_floor_decode_ms"] = 2 * C * B * Hkv * D * 2 / bw * 1e3
             gqa_rows.append(row)
             print("GQA " + _fmt_gqa(row), flush=True)
@@ -352,29 +374,40 @@ def _summary(rows, gqa_rows):
         s[f"prefill_speedup_vs_sdpa_geomean_{N}"] = _geomean([r["sdpa_prefill_ms"] / r["sas_prefill_ms"] for r in rs])
         s[f"decode_over_floor_max_{N}_ge1k_slots"] = max(
             [r["sas_decode_ms"] / r["hbm_floor_decode_ms"] for r in rs if r["cache_size"] >= 1024] or [float("nan")])
+        if all(r.get("sas_decode_pdl_ms") for r in rs):
+            s[f"decode_pdl_over_floor_max_{N}_ge256_slots"] = max(
+                [r["sas_decode_pdl_ms"] / r["hbm_floor_decode_ms"] for r in rs if r["cache_size"] >= 256] or [float("nan")])
+            if all("flex_decode_ms" in r for r in rs):
+                s[f"decode_pdl_speedup_vs_flex_geomean_{N}"] = _geomean(
+                    [r["flex_decode_ms"] / r["sas_decode_pdl_ms"] for r in rs])
     if gqa_rows and "flex_decode_ms" in gqa_rows[0]:
         s["gqa_decode_speedup_vs_flex_geomean"] = _geomean([r["flex_decode_ms"] / r["sas_decode_ms"] for r in gqa_rows])
     return s
 
 
 def _fmt_row(r):
-    f = lambda k: f"{r[k]:8.4f}" if k in r else "     n/a"  # noqa: E731
+    f = lambda k: f"{r[k]:8.4f}" if r.get(k) is not None else "     n/a"  # noqa: E731
     return (f"N={r['N']:6d} {r['pattern']:20s} C={r['cache_size']:6d} | prefill sas {f('sas_prefill_ms')} "
             f"flex {f('flex_prefill_ms')} sdpa {f('sdpa_prefill_ms')} | decode sas {f('sas_decode_ms')} "
-            f"flex {f('flex_decode_ms')} sdpa {f('sdpa_decode_ms')} floor {f('hbm_floor_decode_ms')} | "
-            f"err {r.get('prefill_rel_err_vs_flex', float('nan')):.1e}/{r.get('decode_rel_err_vs_flex', float('nan')):.1e}")
+            f"pdl {f('sas_decode_pdl_ms')} flex {f('flex_decode_ms')} sdpa {f('sdpa_decode_ms')} "
+            f"floor {f('hbm_floor_decode_ms')} | err {r.get('prefill_rel_err_vs_flex', float('nan')):.1e}/{r.get('decode_rel_err_vs_flex', float('nan')):.1e}")
 
 
 def _fmt_gqa(r):
-    f = lambda k: f"{r[k]:8.4f}" if k in r else "     n/a"  # noqa: E731
+    f = lambda k: f"{r[k]:8.4f}" if r.get(k) is not None else "     n/a"  # noqa: E731
     return (f"N={r['N']} B={r['batch']} {r['pattern']:20s} C={r['cache_size']:6d} | decode sas {f('sas_decode_ms')} "
-            f"flex {f('flex_decode_ms')} sdpa {f('sdpa_decode_ms')} floor {f('hbm_floor_decode_ms')} | "
+            f"pdl {f('sas_decode_pdl_ms')} flex {f('flex_decode_ms')} sdpa {f('sdpa_decode_ms')} floor {f('hbm_floor_decode_ms')} | "
             f"err {r.get('decode_rel_err_vs_flex', float('nan')):.1e}")
+
+
+def _over(r, key):
+    """r[key] over the row's HBM floor, or n/a."""
+    return f"{r[key] / r['hbm_floor_decode_ms']:.2f}" if r.get(key) is not None else "n/a"
 
 
 def _markdown(meta, rows, gqa_rows, sweep_rows, summary):
     x = lambda a, b: f" ({a / b:.2f}x)" if a and b else ""  # noqa: E731
-    g = lambda r, k: f"{r[k]:.4f}" if k in r else "n/a"  # noqa: E731
+    g = lambda r, k: f"{r[k]:.4f}" if r.get(k) is not None else "n/a"  # noqa: E731
     lines = [f"# sas kernels vs FlexAttention and SDPA",
              "",
              f"{meta['device']} ({meta['sms']} SMs), torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
@@ -390,22 +423,24 @@ def _markdown(meta, rows, gqa_rows, sweep_rows, summary):
                      f"{g(r, 'sdpa_prefill_ms')} | {g(r, 'flex_prefill_ms')} | "
                      f"{g(r, 'sas_prefill_ms')}{x(r.get('flex_prefill_ms'), r['sas_prefill_ms'])} |")
     lines += ["", "## Decode (one token at position N - 1, CUDA-graph replay)", "",
-              "| pattern | N | cache slots | SDPA dense | Flex | sas | HBM floor | sas / floor |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| pattern | N | cache slots | SDPA dense | Flex | sas | sas PDL | HBM floor | sas / floor | PDL / floor |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['pattern']} | {r['N']} | {r['cache_size']} | {g(r, 'sdpa_decode_ms')} | "
                      f"{g(r, 'flex_decode_ms')} | {g(r, 'sas_decode_ms')}{x(r.get('flex_decode_ms'), r['sas_decode_ms'])} | "
-                     f"{r['hbm_floor_decode_ms']:.4f} | {r['sas_decode_ms'] / r['hbm_floor_decode_ms']:.2f} |")
+                     f"{g(r, 'sas_decode_pdl_ms')} | {r['hbm_floor_decode_ms']:.4f} | "
+                     f"{r['sas_decode_ms'] / r['hbm_floor_decode_ms']:.2f} | {_over(r, 'sas_decode_pdl_ms')} |")
     if gqa_rows:
         r0 = gqa_rows[0]
         lines += ["", f"## GQA decode ({r0['q_heads']} query / {r0['kv_heads']} kv heads, batch {r0['batch']}, "
                       f"N = {r0['N']})", "",
-                  "| pattern | cache slots | SDPA dense | Flex | sas | HBM floor | sas / floor |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| pattern | cache slots | SDPA dense | Flex | sas | sas PDL | HBM floor | sas / floor | PDL / floor |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in gqa_rows:
             lines.append(f"| {r['pattern']} | {r['cache_size']} | {g(r, 'sdpa_decode_ms')} | {g(r, 'flex_decode_ms')} | "
                          f"{g(r, 'sas_decode_ms')}{x(r.get('flex_decode_ms'), r['sas_decode_ms'])} | "
-                         f"{r['hbm_floor_decode_ms']:.4f} | {r['sas_decode_ms'] / r['hbm_floor_decode_ms']:.2f} |")
+                         f"{g(r, 'sas_decode_pdl_ms')} | {r['hbm_floor_decode_ms']:.4f} | "
+                         f"{r['sas_decode_ms'] / r['hbm_floor_decode_ms']:.2f} | {_over(r, 'sas_decode_pdl_ms')} |")
     if sweep_rows:
         lines += ["", "## Prefill configuration sweep", "", "| config (BM, BN, warps, stages) | pattern | ms |", "|---|---|---|"]
         for r in sweep_rows:
