@@ -303,6 +303,8 @@ def test_direct_launches_equal_bound_launches_and_capture_in_a_graph(name):
 def test_pdl_option_checked_and_off_where_unsupported():
     with pytest.raises(KernelError, match="pdl must be True or False"):
         DecodeOptions(pdl="yes")
+    with pytest.raises(KernelError, match="blocks_per_split must be a positive integer"):
+        DecodeOptions(blocks_per_split=0)
     kern = SASAttnKernel(TABLE1_KERNELS["streaming_llm"], max_len=64, decode_options=DecodeOptions(pdl=True))
     mod = kern.runtime.decode_module(DecodeOptions(pdl=True))
     assert not mod.pdl_supported(torch.device("cpu"))
@@ -344,3 +346,18 @@ def test_pdl_decode_chain_in_a_graph_equals_plain_launches(name):
         runs.append([t.clone() for layer in layers for t in (layer[0], layer[1], layer[3])])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     assert not torch.equal(runs[0][2], runs[0][5])  # the layers' queries, hence outputs, differ
+
+
+def test_split_count_follows_the_decode_options():
+    """The split rule takes its slot blocks per program from the options: streaming-LLM's 1056
+    slots at 16K (one query head per kv head: 32-slot blocks, at most 6 a program) get
+    ceil(33 / 6) = 6 splits for one sequence of 64 heads on 132 SMs, and 9 with 4 a program."""
+    kern = SASAttnKernel((Diag(0, 1024) + sas.Rect(cols=(0, 32))) * sas.Causal(), max_len=16384)
+    assert kern.cache_size == 1056
+    o = kern.plan.decode_config(1)
+    assert (o.block_n, o.blocks_per_split) == (32, 6)
+    mod = kern.runtime.decode_module(o)
+    assert mod.BLOCKS_PER_SPLIT == 6
+    assert mod.num_splits_for(1, 64, num_sms=132) == 6
+    assert mod.num_splits_for(1, 64, num_sms=132, blocks_per_split=4) == 9
+    assert kern.plan.decode_config(4).blocks_per_split == 4         # query groups keep 64-slot blocks

@@ -6,9 +6,9 @@ hashes re-captured on 2026-11-26 after the prefill template changed (TMA loads, 
 with the printers unchanged: every decode hash still matched; the decode hashes re-captured the
 same day after the decode template's host code changed (direct launches), once every decode
 hash of the previous template had been checked to match again; and again on 2026-11-26 (late)
-after the decode template gained programmatic dependent launch (DecodeOptions.pdl, which also
-enters every decode kernel's name), with every prefill hash and the old decode hashes matching
-first)."""
+after the decode template gained programmatic dependent launch and a blocks-per-split constant
+(DecodeOptions.pdl and .blocks_per_split, which also enter every decode kernel's name), with
+every prefill hash and the old decode hashes matching first)."""
 
 from __future__ import annotations
 

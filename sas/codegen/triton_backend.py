@@ -75,6 +75,8 @@ class DecodeOptions:
     num_stages: int = 2
     #: programs per SM the split count aims for
     waves: int = 2
+    #: at most about this many slot blocks per program: a longer cache gets more splits
+    blocks_per_split: int = 4
     #: use tl.dot (query rows padded to 16) also when each kv head serves one query head
     mha_dot: bool = False
     #: skip slot blocks with no attended slot: "none", "mask" (each program tests the block's
@@ -100,6 +102,8 @@ class DecodeOptions:
             raise KernelError(f"DecodeOptions.pdl must be True or False, got {self.pdl!r}")
         if not isinstance(self.waves, int) or self.waves < 1:
             raise KernelError(f"DecodeOptions.waves must be a positive integer, got {self.waves!r}")
+        if not isinstance(self.blocks_per_split, int) or self.blocks_per_split < 1:
+            raise KernelError(f"DecodeOptions.blocks_per_split must be a positive integer, got {self.blocks_per_split!r}")
         v = self.block_n
         if not isinstance(v, int) or v < 16 or v & (v - 1):
             raise KernelError(f"DecodeOptions.block_n must be a power of two >= 16, got {v!r}")
@@ -332,6 +336,7 @@ def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
         num_warps=options.num_warps,
         num_stages=options.num_stages,
         waves=options.waves,
+        blocks_per_split=options.blocks_per_split,
         mha_dot=bool(options.mha_dot),
         skip_mode=options.skip_mode if options.skip_mode is not None else decode_skip_mode(analysis, options.block_n),
         fused_combine=bool(options.fused_combine),
@@ -348,12 +353,15 @@ def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
     slots the 64-slot rule leaves 3 splits of 2 blocks (ceil rounding), 32-slot blocks give 6
     splits of 2 (H100, 64 heads, 2026-11-26: 8.5 -> 7.0 us at batch 1, 26.4 -> 25.2 at 4,
     84.9 -> 83.7 at 16; the same blocks were 18% slower at 1024 slots and 1.9x slower at 64,
-    batch 1; `benchmarks/sweep_decode_small.py`)."""
+    batch 1; `benchmarks/sweep_decode_small.py`). With 32-slot blocks, at most about 6 blocks a
+    program (192 slots) rather than 4: faster in 16 of 18 H100 cases (streaming-LLM, OpenAI
+    fixed and strided at 2K and 16K, batch 1, 4, 16: up to 17% at batch 1, 34% for
+    openai-strided at batch 16), 6% slower for openai-strided at 2K batch 1."""
     C = int(analysis.cache_size)
     if group == 1 and 128 < C <= 512:
-        return DecodeOptions(block_n=32, waves=3)
+        return DecodeOptions(block_n=32, waves=3, blocks_per_split=6)
     if group == 1 and C > 128 and C % 64:
-        return DecodeOptions(block_n=32)
+        return DecodeOptions(block_n=32, blocks_per_split=6)
     return DecodeOptions()
 
 

@@ -104,7 +104,7 @@ class TritonRuntime:
         if self.num_splits is not None:
             return self.num_splits
         return mod.num_splits_for(batch, num_kv_heads, num_sms=standalone.num_sms(device), block_n=o.block_n,
-                                  waves=o.waves)
+                                  waves=o.waves, blocks_per_split=o.blocks_per_split)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
                position: int, out: torch.Tensor | None = None) -> torch.Tensor:
