@@ -361,3 +361,22 @@ def test_split_count_follows_the_decode_options():
     assert mod.num_splits_for(1, 64, num_sms=132) == 6
     assert mod.num_splits_for(1, 64, num_sms=132, blocks_per_split=4) == 9
     assert kern.plan.decode_config(4).blocks_per_split == 4         # query groups keep 64-slot blocks
+
+
+@pytest.mark.parametrize("pattern, options", [
+    ((sas.Rect(size=(128, 128)) >> Diag(0, 3)) * sas.Causal(), DecodeOptions(block_n=32, waves=3, blocks_per_split=6)),
+    ((Diag(0, 1024) + sas.Rect(cols=(0, 32))) * sas.Causal(), DecodeOptions(block_n=32, blocks_per_split=6)),
+], ids=["block_local_384", "streaming_llm_1056"])
+def test_automatic_options_of_one_query_head_per_kv_head_decode_exactly(pattern, options):
+    """The launch rules for one query head per KV head (129-512 slots: 32-slot blocks, 3 programs
+    per SM; a ragged cache: 32-slot blocks) at the Table-1 sizes: one decode step at position
+    1500, past the ring's wrap, matches the float64 reference row of the exact mask."""
+    kern = SASAttnKernel(pattern, max_len=1600)
+    assert kern.plan.decode_config(1) == options
+    P = 1500
+    q, k, v = qkv(1, 2, 2, P + 1, 64, dtype=torch.float32, device=DEV, seed=11)
+    kc, vc = kern.new_cache(1, 2, 64, torch.float32, DEV)
+    kern.fill_cache(k[:, :, :P], v[:, :, :P], kc, vc)
+    out = kern(q[:, :, P:P + 1], k[:, :, P:P + 1], v[:, :, P:P + 1], kc, vc, position=P)
+    ref = reference_attention(pattern, q[:, :, P:P + 1], k, v)
+    assert rel_error(out, ref) < TOL[torch.float32]
