@@ -22,7 +22,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import copy_bandwidth, load_pattern, median_ms  # noqa: E402
 
-from sas.codegen.triton_backend import DecodeOptions  # noqa: E402
 from sas.runtime import SASAttnKernel  # noqa: E402
 
 
@@ -124,7 +123,7 @@ def main() -> None:
             print(f"  {r[2]:38s} {r[3]:7.2f} us  {r[4]:5.2f}x floor", flush=True)
         print("  all: " + "; ".join(f"{r[2].replace('bn=', '').replace(' splits=', '/')} {r[3]:.1f}"
                                     for r in table if r[0] == name), flush=True)
-        del kc, vc
+        kc = vc = None  # free this pattern's cache before the next one
     print("\n| pattern | slots | best variant | us | x floor | default us |\n|---|---|---|---|---|---|")
     for name in args.patterns.split(","):
         rows = [r for r in table if r[0] == name]
