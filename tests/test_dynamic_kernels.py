@@ -428,3 +428,48 @@ def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score, h
         rt.length = n
         expect = [max([j for j in range(n) if cid[j] == s], default=-1) for s in range(rt.kernels.STATIC_SIZE)]
         assert rt.static_keys.tolist() == expect
+
+
+@pytest.mark.parametrize("split_score", [False, True], ids=["update-kernel-scores", "score-kernel-scores"])
+def test_static_block_flags_skip_unattended_blocks_exactly(monkeypatch, split_score):
+    """Where a decode row attends under half of the static segment (a window of 4 and a
+    relative stride of 24: each query attends a few of the cached keys), the attention skips
+    slot blocks through per-step flags (the flags kernel) and the score pass reads no raw score
+    under a 0 flag (the block's scores of an earlier step are still there). Forced here on a
+    small cache (FLAGS_FROM_BLOCKS = 1, 16-slot blocks): the flags kernel runs at every step and
+    leaves blocks unflagged; outputs and held keys equal the reference at every step, and the
+    accumulated scores of every slot, the pool's keys and flags equal those of the same steps
+    without flags bit for bit (batch 2, two KV heads of two query heads; the update kernel or
+    the score kernel accumulating; an epilogue that adds to unattended slots too)."""
+    monkeypatch.setattr(dynamic_host, "attend_block_n", lambda *args: 16)
+    if split_score:
+        monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
+        monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 16)
+    static = (Diag(0, 4) + Diag(0, None, stride=24)) * Causal()
+    pattern = static + Causal() * ~static * Dynamic(budget=3, score=ops.attn_score().sum(dim=1) * 2.0 + 0.5)
+    q, k, v = qkv(2, 4, 2, 40, 16, seed=21)
+    res = dynamic_attention_reference(pattern, q, k, v, prefill_len=21)
+    orig_step = dynamic_host.step
+    runs = []
+    for from_blocks in (1, 10 ** 9):                 # flags forced on, then off
+        monkeypatch.setattr(dynamic_host, "FLAGS_FROM_BLOCKS", from_blocks)
+        ker = SASAttnKernel(pattern, max_len=48)     # a multiple of the stride: closed-form cache functions
+        ker.dynamic.rt.graphs = False       # every step launches (on CUDA a graph would replay one capture)
+        launches = _Launches(ker.dynamic.mod.FLAGS_KERNEL)
+        monkeypatch.setattr(ker.dynamic.mod, "FLAGS_KERNEL", launches)
+        states, unflagged = [], []
+
+        def step(kernels, state, *args, **kw):
+            orig_step(kernels, state, *args, **kw)
+            states.append([t.clone() for t in (state.acc, state.keys, state.flags)])
+            unflagged.append(int((state.sflags == 0).sum()) if state.skip_flags else 0)
+        monkeypatch.setattr(dynamic_host, "step", step)
+        got, held = run_steps(ker, q, k, v, 21)
+        runs.append((got, states, ker.dynamic.rt.state.skip_flags, len(launches.grids), unflagged))
+    (got, states, on, n_flags, unflagged), (got_off, states_off, off, n_off, _) = runs
+    assert ker.dynamic.mod.STATIC_SPARSE and on and not off
+    assert n_flags == 19 and n_off == 0 and sum(n > 0 for n in unflagged) >= 3
+    assert held == [[[list(t) for t in per_b] for per_b in r.held_sets()] for r in res.steps]
+    torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got, got_off)
+    assert all(torch.equal(a, b) for s1, s2 in zip(states, states_off) for a, b in zip(s1, s2))

@@ -508,6 +508,7 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
     return _render(
         "dynamic_decode.py.jinja",
         attn_kernel=check_identifier(f"sas_dyn_decode_{key_digest}", "kernel name"),
+        flags_kernel=check_identifier(f"sas_dyn_flags_{key_digest}", "kernel name"),
         combine_kernel=check_identifier(f"sas_dyn_combine_{key_digest}", "kernel name"),
         score_kernel=check_identifier(f"sas_dyn_score_{key_digest}", "kernel name"),
         update_kernel=check_identifier(f"sas_dyn_update_{key_digest}", "kernel name"),
@@ -515,6 +516,7 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         pattern_literal=repr(repr(plan.pattern)),
         static_repr=_one_line(repr(plan.static)),
         static_size=cplan.static_size,
+        static_sparse=static is not None and attended_fraction(static) < 0.5,
         pool_size=cplan.pool_size,
         region_source=_one_line(ast.unparse(plan.region.predicate(pos, key))),
         budget=plan.budget,

@@ -37,6 +37,10 @@ SCORE_SLOTS = 512
 SPLIT_SCORE_FROM = 1024
 #: warps of the update kernel's one program per KV head
 UPDATE_WARPS = 4
+#: the attention skips slot blocks through per-step flags (the flags kernel) where a decode row
+#: attends under half of the static segment (the module's STATIC_SPARSE) and the static segment
+#: spans at least this many attention blocks (as the static decode's skip_mode="flags")
+FLAGS_FROM_BLOCKS = 16
 #: slots a block of the attention kernel takes for a GQA group in bf16 / fp16 (H100, 32 / 8
 #: heads at batch 16, head dim 128: 128 slots were 12-29% faster a step than 64;
 #: docs/benchmarks.md), where the shared memory holds them (`attend_block_n`)
@@ -63,6 +67,14 @@ def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_
     want = -(-waves * num_sms // max(1, batch * num_kv_heads))
     want = min(max(want, -(-blocks // blocks_per_split)), max_splits)
     return max(1, min(blocks, want))
+
+
+def uses_flags(kernels: ModuleType, block_n: int) -> bool:
+    """Whether the attention skips slot blocks through the flags kernel's per-step flags: where a
+    decode row attends under half of the static segment and that segment spans at least
+    FLAGS_FROM_BLOCKS blocks of `block_n` slots (block_n a multiple of FLAG_N)."""
+    return (bool(kernels.STATIC_SPARSE) and block_n % kernels.FLAG_N == 0
+            and -(-kernels.STATIC_SIZE // block_n) >= FLAGS_FROM_BLOCKS)
 
 
 def attend_block_n(kernels: ModuleType, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -108,6 +120,10 @@ class State:
         self.enter_dst = torch.zeros(B * Hkv, kernels.MAX_ENTERING, dtype=torch.int32, device=device)
         self.sraw = torch.empty(B * H, total, dtype=torch.float32, device=device)
         self.block_n = block_n or attend_block_n(kernels, H, Hkv, D, dtype, device)
+        #: per-step flags of FLAG_N-slot ranges holding an attended static slot or a pool slot
+        #: (`skip_flags`: the flags kernel writes them and the attention skips unflagged blocks)
+        self.skip_flags = uses_flags(kernels, self.block_n)
+        self.sflags = torch.ones(max(1, -(-total // kernels.FLAG_N)), dtype=torch.int32, device=device)
         blocks = max(1, -(-total // self.block_n))
         ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
         ns = max(1, min(ns, blocks))
@@ -140,9 +156,14 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         use_dot = group > 1
     g_pad = max(16, next_power_of_2(group)) if use_dot else next_power_of_2(group)
     kc, vc = state.k, state.v
+    if state.skip_flags:
+        kernels.FLAGS_KERNEL[(state.sflags.numel(),)](
+            state.sflags, pos, state.pos, STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE,
+            FLAG_N=kernels.FLAG_N, POS_PTR=bool(pos_on_device), num_warps=1,
+        )
     kernels.ATTN_KERNEL[(state.num_splits, B * Hkv)](
         q, k_new, v_new, kc, vc, out, state.mpart, state.lpart, state.apart, state.sraw, state.acc,
-        state.flags, state.keys, state.new_pool, pos, state.pos,
+        state.flags, state.keys, state.new_pool, pos, state.pos, state.sflags,
         q.stride(0), q.stride(1), q.stride(3),
         k_new.stride(0), k_new.stride(1), k_new.stride(3),
         v_new.stride(0), v_new.stride(1), v_new.stride(3),
@@ -153,7 +174,8 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
-        POS_PTR=bool(pos_on_device), num_warps=kernels.NUM_WARPS, num_stages=2,
+        POS_PTR=bool(pos_on_device), SKIP_FLAGS=state.skip_flags, FLAG_N=kernels.FLAG_N,
+        num_warps=kernels.NUM_WARPS, num_stages=2,
     )
     if combine and state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
@@ -181,23 +203,25 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
     if split:
         kernels.SCORE_KERNEL[(-(-kernels.TOTAL // SCORE_SLOTS), B * Hkv)](
             state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, pos, state.pos, Hkv,
-            o, state.apart, *o_strides,
+            o, state.apart, *o_strides, state.sflags,
             STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
             NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), BLOCK=SCORE_SLOTS,
-            POS_PTR=bool(pos_on_device), HEAD_DIM=D, MERGE=merge, num_warps=4,
+            POS_PTR=bool(pos_on_device), HEAD_DIM=D, MERGE=merge, SKIP_FLAGS=state.skip_flags,
+            FLAG_N=kernels.FLAG_N, num_warps=4,
         )
     kernels.UPDATE_KERNEL[(B * Hkv,)](
         state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
         state.enter_dst, region_last, enter_ptr, enter_keys, kc, vc, pos, state.pos,
         kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
         vc.stride(0), vc.stride(1), vc.stride(2), vc.stride(3),
-        Hkv, o, state.apart, *o_strides,
+        Hkv, o, state.apart, *o_strides, state.sflags,
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
         NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), HEAD_DIM=D,
         BLOCK=min(1024, pool_pad) if evict else 256, POOL_PAD=pool_pad if evict else 16,
         SCORE=bool(score) and not split, EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
         MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
-        POS_PTR=bool(pos_on_device), MERGE=merge and not split, num_warps=UPDATE_WARPS,
+        POS_PTR=bool(pos_on_device), MERGE=merge and not split, SKIP_FLAGS=state.skip_flags,
+        FLAG_N=kernels.FLAG_N, num_warps=UPDATE_WARPS,
     )
 
 
@@ -544,4 +568,4 @@ class Runtime:
 
 
 __all__ = ["MERGE_MAX_SPLITS", "Runtime", "State", "StepGraph", "attend", "attend_block_n", "merges_after",
-           "next_power_of_2", "num_splits_for", "step", "top_mask", "update"]
+           "next_power_of_2", "num_splits_for", "step", "top_mask", "update", "uses_flags"]
