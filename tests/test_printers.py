@@ -8,7 +8,8 @@ same day after the decode template's host code changed (direct launches), once e
 hash of the previous template had been checked to match again; and again on 2026-11-26 (late)
 after the decode template gained programmatic dependent launch and a blocks-per-split constant
 (DecodeOptions.pdl and .blocks_per_split, which also enter every decode kernel's name), with
-every prefill hash and the old decode hashes matching first)."""
+every prefill hash and the old decode hashes matching first; once more the same night after
+the decode module's PDL check was cached per device, again after the old hashes matched)."""
 
 from __future__ import annotations
 

@@ -383,11 +383,17 @@ def attended_fraction(analysis, positions: int = 8) -> float:
     return float(np.mean(fr))
 
 
+def rows_attend_under_half(analysis) -> bool:
+    """Whether a decode row attends under half of the cache (e.g. a strided pattern whose cache
+    holds keys for later queries): where skipping unattended slot blocks pays."""
+    return attended_fraction(analysis) < 0.5
+
+
 def decode_skip_mode(analysis, block_n: int = 64) -> str:
-    """Skip empty slot blocks when queries attend under half of the cache (e.g. a strided
-    pattern whose cache holds keys for later queries), through a per-step flags kernel when
-    the cache has many blocks; otherwise keep the loop branch-free so that loads pipeline."""
-    if attended_fraction(analysis) >= 0.5:
+    """Skip empty slot blocks when queries attend under half of the cache
+    (`rows_attend_under_half`), through a per-step flags kernel when the cache has many blocks;
+    otherwise keep the loop branch-free so that loads pipeline."""
+    if not rows_attend_under_half(analysis):
         return "none"
     return "flags" if -(-int(analysis.cache_size) // block_n) >= 16 else "mask"
 
@@ -516,7 +522,7 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         pattern_literal=repr(repr(plan.pattern)),
         static_repr=_one_line(repr(plan.static)),
         static_size=cplan.static_size,
-        static_sparse=static is not None and attended_fraction(static) < 0.5,
+        static_sparse=static is not None and rows_attend_under_half(static),
         pool_size=cplan.pool_size,
         region_source=_one_line(ast.unparse(plan.region.predicate(pos, key))),
         budget=plan.budget,

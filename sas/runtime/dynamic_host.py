@@ -3,9 +3,10 @@ sequence batch, the kernel launches, and the prefill / decode orchestration (`Ru
 
 This module imports only torch: `sas compile` copies it next to the generated kernel module
 (`dynamic_decode.py`), and `sas.runtime.dynamic.DynamicRuntime` uses it in place. The kernel
-module is passed in (`kernels`): it holds the Triton kernels (`ATTN_KERNEL`, `COMBINE_KERNEL`,
-`SCORE_KERNEL`, `UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`, `TOTAL`, `MAX_LEN`,
-`BUDGET`, `REFRESH`, `MAX_ENTERING`, `REDUCE`, `BLOCK_N`, `NUM_WARPS`) and the pattern's torch
+module is passed in (`kernels`): it holds the Triton kernels (`ATTN_KERNEL`, `FLAGS_KERNEL`,
+`COMBINE_KERNEL`, `SCORE_KERNEL`, `UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`,
+`TOTAL`, `MAX_LEN`, `BUDGET`, `REFRESH`, `MAX_ENTERING`, `REDUCE`, `BLOCK_N`, `NUM_WARPS`,
+`STATIC_SPARSE`, `FLAG_N`) and the pattern's torch
 functions (`region(i, j)`, `cache_ids(token_ids)`, `epilogue(x)`).
 
     rt = Runtime(dynamic_decode, static_decode, tables)   # tables: the region schedule
