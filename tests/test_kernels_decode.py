@@ -60,10 +60,13 @@ def test_table1_decode_matches_prefill_rows(name, splits):
                                   DecodeOptions(32, 2, 2, mha_dot=True, waves=1, skip_mode="mask"),
                                   DecodeOptions(16, 4, 1, skip_mode="flags", fused_combine=True, mha_dot=True),
                                   DecodeOptions(16, 4, 1, skip_mode="flags", pdl=True),
-                                  DecodeOptions(32, 4, 1, skip_mode="none", pdl=True)])
+                                  DecodeOptions(32, 4, 1, skip_mode="none", pdl=True),
+                                  DecodeOptions(16, 4, 1, store_new_last=False, skip_mode="mask"),
+                                  DecodeOptions(16, 4, 1, store_new_last=True, fused_combine=True)])
 def test_decode_option_variants(opts):
     """(`pdl` is ignored under the interpreter; on a GPU of compute capability 9+ the kernels
-    then run as programmatic dependent launches.)"""
+    then run as programmatic dependent launches. The new token's store before or after the slot
+    loop: each step reads the keys the steps before stored.)"""
     p = TABLE1_KERNELS["openai_fixed"]
     kern = SASAttnKernel(p, max_len=64, prefill_options=PO, decode_options=opts, num_splits=3)
     assert prefill_then_decode(kern, p, B=2, Hq=2, Hkv=2, L=64, P=55) < TOL[torch.float32]
@@ -119,9 +122,12 @@ def test_functional_form_with_caller_caches():
     assert rel_error(o, ref[:, :, P:P + 1]) < TOL[torch.float32] and kern.length == P + 1
 
 
-def test_cache_contents_follow_cache_id_func():
+@pytest.mark.parametrize("store_new_last", [None, False, True])
+def test_cache_contents_follow_cache_id_func(store_new_last):
     p = TABLE1_KERNELS["streaming_llm"]
-    kern = SASAttnKernel(p, max_len=50, prefill_options=PO, decode_options=DO)
+    do = DecodeOptions(block_n=32, num_warps=4, num_stages=1, store_new_last=store_new_last)
+    kern = SASAttnKernel(p, max_len=50, prefill_options=PO, decode_options=do)
+    assert kern.runtime.decode_module(do).STORE_NEW_LAST == (store_new_last is not False)   # 50 slots at most
     q, k, v = qkv(1, 1, 1, 50, 64, dtype=torch.float32, device=DEV)
     kern.prefill(q[:, :, :20], k[:, :, :20], v[:, :, :20])
     for t in range(20, 50):
@@ -305,6 +311,8 @@ def test_pdl_option_checked_and_off_where_unsupported():
         DecodeOptions(pdl="yes")
     with pytest.raises(KernelError, match="blocks_per_split must be a positive integer"):
         DecodeOptions(blocks_per_split=0)
+    with pytest.raises(KernelError, match="store_new_last must be None, True or False"):
+        DecodeOptions(store_new_last=1)
     kern = SASAttnKernel(TABLE1_KERNELS["streaming_llm"], max_len=64, decode_options=DecodeOptions(pdl=True))
     mod = kern.runtime.decode_module(DecodeOptions(pdl=True))
     assert not mod.pdl_supported(torch.device("cpu"))

@@ -93,8 +93,17 @@ class DecodeOptions:
     #: launch_pdl), 0.4-0.6 us slower after a plain kernel, so off by default
     #: (docs/benchmarks.md, "Programmatic dependent launch")
     pdl: bool = False
+    #: write the new token's key and value into the cache after the slot loop rather than
+    #: before it, so that the loop's first loads need not wait for that store (the loop uses
+    #: the new token's values for its slot either way); None: after the loop for caches of at
+    #: most `STORE_LAST_MAX_SLOTS` slots (H100: faster there, mixed above; docs/benchmarks.md,
+    #: "The new token's store")
+    store_new_last: bool | None = None
 
     def __post_init__(self):
+        if self.store_new_last is not None and not isinstance(self.store_new_last, bool):
+            raise KernelError(f"DecodeOptions.store_new_last must be None, True or False, "
+                              f"got {self.store_new_last!r}")
         if self.skip_mode not in (None, "none", "mask", "flags"):
             raise KernelError(f"DecodeOptions.skip_mode must be None, 'none', 'mask' or 'flags', "
                               f"got {self.skip_mode!r}")
@@ -108,6 +117,11 @@ class DecodeOptions:
         if not isinstance(v, int) or v < 16 or v & (v - 1):
             raise KernelError(f"DecodeOptions.block_n must be a power of two >= 16, got {v!r}")
         _check_launch(self.num_warps, self.num_stages, "DecodeOptions")
+
+
+#: caches of at most this many slots store the new token after the decode's slot loop (see
+#: `DecodeOptions.store_new_last`)
+STORE_LAST_MAX_SLOTS = 512
 
 
 #: query blocks beyond which `auto_prefill_options` counts tiles on a sample of them: 16
@@ -340,6 +354,8 @@ def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
         mha_dot=bool(options.mha_dot),
         skip_mode=options.skip_mode if options.skip_mode is not None else decode_skip_mode(analysis, options.block_n),
         fused_combine=bool(options.fused_combine),
+        store_new_last=(options.store_new_last if options.store_new_last is not None
+                        else int(analysis.cache_size) <= STORE_LAST_MAX_SLOTS),
     )
 
 
