@@ -4,10 +4,8 @@ For each Table-1 pattern + H2O (budget 512, 16K, bf16, head dim 128; MHA 64 head
 32 / 8 heads batch 16), from the state bench_dynamic.py times, CUDA-graph replays in us:
 - the static decode of the pattern; the dynamic step (`dynamic_host.step`: the attention, then
   the score and update kernels, which merge the attention's splits); the same step with the
-  merge in a combine launch of its own (as before 2026-11-26 21:50 UTC); the step with plain
-  launches (`State.pdl` off: as before 2026-11-27; its output and state are first checked equal
-  to the programmatic-dependent-launch step's); and the step's parts: attention + combine,
-  score + update;
+  merge in a combine launch of its own (as before 2026-11-26 21:50 UTC); and the step's parts:
+  attention + combine, score + update;
 - each twice: over one set of buffers, as bench_dynamic.py and ab_dynamic_update.py time it (a
   replay then finds in the H100's 50 MB L2 whatever of its working set the last replay left
   there: all of a 33.5 MB static cache), and rotating over `--copies` sets of buffers whose
@@ -74,31 +72,8 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     def step_combine_launch(s):            # the step before the merge moved out of a combine launch
         return rotated([attend(s), update(s)])
 
-    def step_plain(s):                     # every kernel of the step a plain launch
-        def run():
-            pdl, s.pdl = s.pdl, False
-            try:
-                dh.step(kern, s, qd, kd, vd, P, do, tabs, evict=True)
-            finally:
-                s.pdl = pdl
-        return run
-
-    # the same step with and without programmatic dependent launches: the same output and state
-    saved = {a: getattr(st, a).clone() for a in COPY}
-    results = []
-    for f in (step(st), step_plain(st)):
-        for a in COPY:
-            getattr(st, a).copy_(saved[a])
-        f()
-        torch.cuda.synchronize()
-        results.append([do.clone()] + [getattr(st, a).clone() for a in COPY])
-    same = all(torch.equal(a, b) for a, b in zip(*results))
-    if not same:
-        raise SystemExit(f"{cfg} {name}: the step with programmatic dependent launches differs from plain launches")
-
     kinds = {"static": static_steps, "step": [step(s) for s in states],
              "step (combine launch)": [step_combine_launch(s) for s in states],
-             "step (plain launches)": [step_plain(s) for s in states],
              "attend+combine": [attend(s) for s in states], "score+update": [update(s) for s in states]}
     fns = [f[0] for f in kinds.values()] + [rotated(f) for f in kinds.values()]
     times = paired_ms(fns, True, 40, 3)
@@ -109,7 +84,6 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     per_slot = 2 * B * Hkv * D * st.k.element_size()           # K and V of one slot, every (batch, KV head)
     ws = {"static": per_slot * dk.dynamic.cplan.static_size, "dynamic": per_slot * kern.TOTAL}
     return {"config": cfg, "pattern": name, "slots": kern.TOTAL, "split": f"bn{st.block_n}/ns{st.num_splits}",
-            "pdl": st.pdl, "pdl_same_as_plain": same,
             "working_set_mb": {a: b / 2 ** 20 for a, b in ws.items()}, "warm_us": warm, "cold_us": cold,
             "floor_warm_us": floor_w, "floor_cold_us": floor_c,
             "step_over_floor_warm": warm["step"] / floor_w, "step_over_floor_cold": cold["step"] / floor_c}
@@ -146,15 +120,13 @@ def main() -> None:
              "CUDA-graph times in us, warm (one buffer set) / cold (rotating over the copies); the step over "
              "its floor (static decode + pool bytes), warm / cold.", "",
              "| config | pattern | slots | working set MB static / dynamic | static | step | step with a combine "
-             "launch | step, plain launches | attend+combine | score+update | step / floor |",
-             "|---|---|---:|---|---|---|---|---|---|---|---|"]
+             "launch | attend+combine | score+update | step / floor |", "|---|---|---:|---|---|---|---|---|---|---|"]
     for r in rows:
         w, c = r["warm_us"], r["cold_us"]
         cell = lambda kind: f"{w[kind]:.1f} / {c[kind]:.1f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['pattern']} | {r['slots']} | {r['working_set_mb']['static']:.0f} / "
                      f"{r['working_set_mb']['dynamic']:.0f} | {cell('static')} | {cell('step')} | "
-                     f"{cell('step (combine launch)')} | {cell('step (plain launches)')} | {cell('attend+combine')} | "
-                     f"{cell('score+update')} | "
+                     f"{cell('step (combine launch)')} | {cell('attend+combine')} | {cell('score+update')} | "
                      f"{r['step_over_floor_warm']:.2f} / "
                      f"{r['step_over_floor_cold']:.2f} |")
     text = "\n".join(lines)

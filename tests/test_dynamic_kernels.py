@@ -473,35 +473,3 @@ def test_static_block_flags_skip_unattended_blocks_exactly(monkeypatch, split_sc
     torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
     assert torch.equal(got, got_off)
     assert all(torch.equal(a, b) for s1, s2 in zip(states, states_off) for a, b in zip(s1, s2))
-
-
-PDL_GPU = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-
-
-@pytest.mark.skipif(not PDL_GPU, reason="programmatic dependent launch needs a GPU of compute capability 9+")
-@pytest.mark.parametrize("graphs", [False, True], ids=["launches", "graph"])
-def test_step_as_programmatic_dependent_launches_equals_plain_launches(monkeypatch, graphs):
-    """The step's flags kernel, attention, score kernel (merging the attention's splits) and
-    update kernel as programmatic dependent launches (the default on compute capability 9+),
-    launched and replayed from the runtime's CUDA graph: outputs, held keys, accumulated scores
-    and pool flags equal those of plain launches bit for bit."""
-    monkeypatch.setattr(dynamic_host, "attend_block_n", lambda *args: 16)
-    monkeypatch.setattr(dynamic_host, "SPLIT_SCORE_FROM", 0)
-    monkeypatch.setattr(dynamic_host, "SCORE_SLOTS", 16)
-    monkeypatch.setattr(dynamic_host, "FLAGS_FROM_BLOCKS", 1)
-    static = (Diag(0, 4) + Diag(0, None, stride=24)) * Causal()
-    pattern = static + Causal() * ~static * Dynamic(budget=3)
-    q, k, v = qkv(2, 4, 4, 40, 16, seed=21)
-    runs = []
-    for pdl in (True, False):
-        monkeypatch.setattr(dynamic_host, "STEP_PDL", pdl)
-        ker = SASAttnKernel(pattern, max_len=48)
-        ker.dynamic.rt.graphs = graphs
-        got, held = run_steps(ker, q, k, v, 21)
-        st = ker.dynamic.rt.state
-        assert st.pdl == pdl and st.skip_flags and dynamic_host.merges_after(st)
-        assert (ker.dynamic.rt._graph is not None) == graphs
-        runs.append((got, held, st.acc.clone(), st.keys.clone(), st.flags.clone()))
-    (got, held, *state), (got_plain, held_plain, *state_plain) = runs
-    assert held == held_plain and torch.equal(got, got_plain)
-    assert all(torch.equal(a, b) for a, b in zip(state, state_plain))

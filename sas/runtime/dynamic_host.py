@@ -46,24 +46,6 @@ FLAGS_FROM_BLOCKS = 16
 #: heads at batch 16, head dim 128: 128 slots were 12-29% faster a step than 64;
 #: docs/benchmarks.md), where the shared memory holds them (`attend_block_n`)
 GROUP_BLOCK_N = 128
-#: the kernels of a step after its first launch as programmatic dependent launches where the
-#: GPU has them (`pdl_supported`; `State.pdl`): each waits at its start for the kernel before,
-#: whose end then overlaps its launch
-STEP_PDL = True
-_pdl_devices: dict[int, bool] = {}
-
-
-def pdl_supported(device: Any) -> bool:
-    """Whether kernels on `device` can be programmatic dependent launches: a CUDA GPU of compute
-    capability 9+, outside Triton's CPU interpreter (looked up once per device)."""
-    device = torch.device(device)
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ok = _pdl_devices.get(index)
-    if ok is None:
-        ok = _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return ok
 
 
 def next_power_of_2(n: int) -> int:
@@ -156,9 +138,6 @@ class State:
         self.lpart = torch.empty(n, dtype=torch.float32, device=device)
         self.apart = torch.empty(n * D, dtype=torch.float32, device=device)
         self.shape = (B, H, Hkv, D)
-        #: launch the step's kernels after its first as programmatic dependent launches
-        #: (`STEP_PDL` where `pdl_supported`; the outputs are the same either way)
-        self.pdl = STEP_PDL and pdl_supported(device)
 
 
 def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -181,7 +160,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
     if state.skip_flags:
         kernels.FLAGS_KERNEL[(state.sflags.numel(),)](
             state.sflags, pos, state.pos, STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE,
-            FLAG_N=kernels.FLAG_N, POS_PTR=bool(pos_on_device), PDL=state.pdl, num_warps=1,
+            FLAG_N=kernels.FLAG_N, POS_PTR=bool(pos_on_device), num_warps=1,
         )
     kernels.ATTN_KERNEL[(state.num_splits, B * Hkv)](
         q, k_new, v_new, kc, vc, out, state.mpart, state.lpart, state.apart, state.sraw, state.acc,
@@ -196,14 +175,13 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=g_pad, HEAD_DIM=D,
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
-        POS_PTR=bool(pos_on_device), SKIP_FLAGS=state.skip_flags, FLAG_N=kernels.FLAG_N, PDL=state.pdl,
-        num_warps=kernels.NUM_WARPS, num_stages=2, launch_pdl=state.pdl and state.skip_flags,
+        POS_PTR=bool(pos_on_device), SKIP_FLAGS=state.skip_flags, FLAG_N=kernels.FLAG_N,
+        num_warps=kernels.NUM_WARPS, num_stages=2,
     )
     if combine and state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
             out, state.mpart, state.lpart, state.apart, out.stride(0), out.stride(1), out.stride(3), H,
-            HEAD_DIM=D, NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), PDL=state.pdl,
-            num_warps=4, launch_pdl=state.pdl,
+            HEAD_DIM=D, NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), num_warps=4,
         )
     return out
 
@@ -230,7 +208,7 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
             STATIC=kernels.STATIC_SIZE, POOL=kernels.POOL_SIZE, GROUP=group, G_PAD=next_power_of_2(group),
             NUM_SPLITS=state.num_splits, S_PAD=next_power_of_2(state.num_splits), BLOCK=SCORE_SLOTS,
             POS_PTR=bool(pos_on_device), HEAD_DIM=D, MERGE=merge, SKIP_FLAGS=state.skip_flags,
-            FLAG_N=kernels.FLAG_N, PDL=state.pdl, num_warps=4, launch_pdl=state.pdl,
+            FLAG_N=kernels.FLAG_N, num_warps=4,
         )
     kernels.UPDATE_KERNEL[(B * Hkv,)](
         state.sraw, state.mpart, state.lpart, state.acc, state.flags, state.keys, state.new_pool,
@@ -244,7 +222,7 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
         SCORE=bool(score) and not split, EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
         MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
         POS_PTR=bool(pos_on_device), MERGE=merge and not split, SKIP_FLAGS=state.skip_flags,
-        FLAG_N=kernels.FLAG_N, PDL=state.pdl, num_warps=UPDATE_WARPS, launch_pdl=state.pdl,
+        FLAG_N=kernels.FLAG_N, num_warps=UPDATE_WARPS,
     )
 
 
