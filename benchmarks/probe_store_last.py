@@ -116,7 +116,11 @@ def static_rows(names, configs, bw, rep, rounds, dev):
     return rows
 
 
-def dynamic_rows(names, configs, rep, rounds, dev):
+def dynamic_rows(names, configs, rep, rounds, dev, transform=None):
+    """The dynamic step of each pattern + H2O with the module as rendered and as `transform`
+    (source -> (source, label); default: the new-token stores moved) makes it: the state after
+    one step compared, then both steps timed."""
+    transform = transform or (lambda src: moved(src, DYNAMIC_ANCHORS))
     rows = []
     for cfg, B, Hq, Hkv in configs:
         k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
@@ -124,7 +128,7 @@ def dynamic_rows(names, configs, rep, rounds, dev):
             _, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
             host = dk.dynamic.rt
             kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
-            src, where = moved(tb.render_dynamic_decode(dk.dynamic.cplan), DYNAMIC_ANCHORS)
+            src, where = transform(tb.render_dynamic_decode(dk.dynamic.cplan))
             var = tb.load_source(src, "sas_dyn_decode_probe")
             st2 = dh.State(var, B, Hq, Hkv, D, DTYPE, dev, num_splits=st.num_splits, block_n=st.block_n)
             saved = {a: getattr(st, a).clone() for a in STATE}
