@@ -340,6 +340,36 @@ def test_step_graph_rebinds_only_tensors_laid_out_like_its_buffers(monkeypatch):
     assert graph_params.PointerSlots.find(None, {"q": buf}) is None
 
 
+def test_pointer_slots_skip_a_bind_to_the_addresses_they_hold(monkeypatch):
+    """`PointerSlots.bind` updates the graph's kernel nodes only where an address changes: the
+    tensors of a decode loop often come back at the same addresses, and then no driver call is
+    made; after a refused update the held addresses are unknown, so the next bind updates."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from sas.runtime import graph_params
+
+    calls, refuse = [], []
+
+    def set_params(exec_handle, node, params):
+        calls.append(node)
+        return 1 if refuse else 0
+    monkeypatch.setattr(graph_params, "_cuda", lambda: SimpleNamespace(cuGraphExecKernelNodeSetParams_v2=set_params))
+    a, b = torch.zeros(4), torch.zeros(4)
+    holders = [ctypes.c_uint64(0), ctypes.c_uint64(0)]
+    nodes = [graph_params._Node(ctypes.c_void_p(i + 1), graph_params._KernelParams(), (ctypes.c_void_p * 1)(),
+                                [("q", holders[i])]) for i in range(2)]
+    slots = graph_params.PointerSlots(0, nodes, {"q": a.data_ptr()})
+    assert slots.bind({"q": a}) and calls == []                 # captured there: nothing to update
+    assert slots.bind({"q": b}) and len(calls) == 2 and all(h.value == b.data_ptr() for h in holders)
+    assert slots.bind({"q": b}) and len(calls) == 2
+    refuse.append(True)
+    assert not slots.bind({"q": a}) and len(calls) == 3         # refused at the first node
+    refuse.clear()
+    assert slots.bind({"q": b}) and len(calls) == 5             # unknown after the refusal: updated
+    assert slots.bind({"q": b}) and len(calls) == 5
+
+
 def test_missing_other_inputs_named():
     pattern = Diag(0, 3) + Diag(3, None) * Dynamic(budget=2, score=ops.external("draft").sum(dim=1))
     with pytest.raises(KernelError, match="'draft'"):

@@ -66,8 +66,10 @@ class _Node:
 class PointerSlots:
     """The kernel arguments of an instantiated graph that hold the named buffers' addresses."""
 
-    def __init__(self, exec_handle: int, nodes: list[_Node]):
+    def __init__(self, exec_handle: int, nodes: list[_Node], bound: Mapping[str, int] | None = None):
         self._exec = ctypes.c_void_p(exec_handle)
+        #: the addresses the graph's arguments hold now (None: unknown, after a refused update)
+        self._bound = dict(bound) if bound is not None else None
         self._nodes = nodes
         self.names = sorted({name for n in nodes for name, _ in n.slots})
         # per node: its handle, a pointer to its parameters, and its (name, holder) slots
@@ -133,18 +135,23 @@ class PointerSlots:
                 nodes.append(_Node(node, p, array, slots))
         if seen != set(buffers):
             return None
-        return cls(exec_handle, nodes)
+        return cls(exec_handle, nodes, {name: lo for name, (lo, _) in ranges.items()})
 
     def bind(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """Point the graph's arguments at `tensors` (by buffer name) for the next replay; False
         when the driver refused an update (the graph then holds a mix: the caller must rebind
         the captured buffers or stop replaying it)."""
         ptrs = {name: t.data_ptr() for name, t in tensors.items()}
+        if ptrs == self._bound:
+            return True     # the arguments hold these addresses already (a decode loop's tensors
+            #                 often come back at the same addresses from the caching allocator)
+        self._bound = None
         for handle, params, slots in self._calls:
             for name, holder in slots:
                 holder.value = ptrs[name]
             if self._set(self._exec, handle, params) != 0:
                 return False
+        self._bound = ptrs
         return True
 
 
