@@ -44,7 +44,9 @@ def run_kernel(pattern, q, k, v, prefill, *, dtype=torch.float32, max_len=64, ot
     return (*run_steps(ker, q, k, v, prefill, dtype=dtype), ker)
 
 
-def check(static, region, dyn, *, N=26, prefill=9, B=1, Hq=4, Hkv=2, D=16, seed=0):
+def check(static, region, dyn, *, N=26, prefill=9, B=1, Hq=4, Hkv=2, D=16, seed=0, prepare=None):
+    """The kernel of `static + region * dyn` against the plain H2O reference: the same outputs
+    and held key sets after every step. `prepare(kernel)`, if given, runs before the prompt."""
     pattern = static + region * dyn
     q, k, v = qkv(B, Hq, Hkv, N, D, seed=seed)
     long = N + 96
@@ -53,7 +55,10 @@ def check(static, region, dyn, *, N=26, prefill=9, B=1, Hq=4, Hkv=2, D=16, seed=
     R_long = full & ~static.to_mask(long)
     want_out, held_log, _ = plain_h2o(S.tolist(), R_long[:N, :N].tolist(), region_last_use(R_long, N),
                                       dyn.budget, dyn.refresh, q, k, v, prefill)
-    got_out, held, ker = run_kernel(pattern, q, k, v, prefill)
+    ker = SASAttnKernel(pattern, max_len=64)
+    if prepare is not None:
+        prepare(ker)
+    got_out, held = run_steps(ker, q, k, v, prefill)
     want_held = [[[list(t) for t in per_b] for per_b in step] for step in held_log]
     assert held == want_held
     torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4)
@@ -115,6 +120,29 @@ def test_random_static_plus_h2o(case, refresh, prefill, seed):
     static, budget = case
     check(static, Causal() * ~static, Dynamic(budget=budget, refresh=refresh), N=26, prefill=prefill, B=1, Hq=2,
           Hkv=1, seed=seed)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=static_plus_h2o(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
+def test_random_static_plus_h2o_with_block_flags_forced(case, prefill, seed):
+    """As above (two KV heads of one query head each), with the attention's per-step block flags
+    forced on for every random static part: 8-slot attention blocks, a flag per 4 slots,
+    `FLAGS_FROM_BLOCKS` 1 and `STATIC_SPARSE` set (at the test's sizes they are otherwise off).
+    The flags kernel marks the ranges with an attended static slot or a pool slot, the attention
+    skips blocks without one and the update kernel's score pass reads no raw score under a 0
+    flag. Skipping is exact for any static part, so outputs and held keys still equal the plain
+    H2O reference."""
+    static, budget = case
+
+    def force_flags(ker):
+        mp.setattr(ker.dynamic.mod, "STATIC_SPARSE", True)
+        mp.setattr(ker.dynamic.mod, "FLAG_N", 4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dynamic_host, "attend_block_n", lambda *args: 8)
+        mp.setattr(dynamic_host, "FLAGS_FROM_BLOCKS", 1)
+        ker = check(static, Causal() * ~static, Dynamic(budget=budget), N=26, prefill=prefill, B=1, Hq=2, Hkv=2,
+                    seed=seed, prepare=force_flags)
+        assert ker.dynamic.rt.state.skip_flags == (ker.dynamic.cplan.static_size > 0)
 
 
 def test_max_reduction_and_epilogue_fused():
