@@ -8,9 +8,12 @@ bf16, batch 1, plus a GQA decode configuration (32 query / 8 KV heads, batch 16)
 - decode (one token at position N - 1, timed by CUDA-graph replay): sas split-K kernel over
   the compact cache (the new token's store included), flex_attention over the dense cache
   with the decode BlockMask, dense SDPA, and the HBM floor = compact K+V cache bytes over the
-  measured device copy bandwidth (bytes read + written); on compute capability 9+ the sas
-  decode also as programmatic dependent launches (`DecodeOptions.pdl`, column "sas PDL";
-  its output checked equal to the plain decode's bit for bit).
+  measured device copy bandwidth (bytes read + written); the "sas" column is the default
+  configuration, which on compute capability 9+ launches a one-launch decode (one split, no
+  flags kernel) as a programmatic dependent launch (`DecodeOptions.pdl=None`); on compute
+  capability 9+ the sas decode also with every launch a programmatic dependent launch
+  (`DecodeOptions(pdl=True)`, column "sas PDL"; its output checked equal to the default
+  decode's bit for bit).
 
 Every number is a median. Before timing, each sas output is checked against Flex on the same
 inputs (decode: the compact cache is filled from the dense one).

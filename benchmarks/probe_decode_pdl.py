@@ -92,6 +92,7 @@ def main() -> None:
         C = base.cache_size
         group = H // Hkv
         opts = base.plan.decode_config(group)
+        base = SASAttnKernel(load_pattern(name), max_len=N, decode_options=dataclasses.replace(opts, pdl=False))
         pk = SASAttnKernel(load_pattern(name), max_len=N, decode_options=dataclasses.replace(opts, pdl=True))
         k = torch.randn(B, Hkv, N, D, device=dev, dtype=dtype, generator=g)
         v = torch.randn_like(k)

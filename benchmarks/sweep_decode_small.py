@@ -66,10 +66,9 @@ def main() -> None:
         kc.normal_(generator=g)
         vc.normal_(generator=g)
         ref = base.runtime.decode(qd, kd, vd, kc.clone(), vc.clone(), N - 1).float()
-        default_cfg = base.plan.decode_config(H // Hkv)
-        if args.pdl:
-            default_cfg = dataclasses.replace(default_cfg, pdl=True)
-            base = SASAttnKernel(load_pattern(name), max_len=N, decode_options=default_cfg)
+        # every variant plain, or (--pdl) every one as programmatic dependent launches
+        default_cfg = dataclasses.replace(base.plan.decode_config(H // Hkv), pdl=bool(args.pdl))
+        base = SASAttnKernel(load_pattern(name), max_len=N, decode_options=default_cfg)
         dout = torch.empty_like(qd)
         dflt_ms = median_ms(lambda: base.runtime.decode(qd, kd, vd, kc, vc, N - 1, out=dout), True, args.rep)
         torch.cuda.synchronize()

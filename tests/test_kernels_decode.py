@@ -307,7 +307,7 @@ def test_direct_launches_equal_bound_launches_and_capture_in_a_graph(name):
 
 
 def test_pdl_option_checked_and_off_where_unsupported():
-    with pytest.raises(KernelError, match="pdl must be True or False"):
+    with pytest.raises(KernelError, match="pdl must be None, True or False"):
         DecodeOptions(pdl="yes")
     with pytest.raises(KernelError, match="blocks_per_split must be a positive integer"):
         DecodeOptions(blocks_per_split=0)
@@ -316,6 +316,11 @@ def test_pdl_option_checked_and_off_where_unsupported():
     kern = SASAttnKernel(TABLE1_KERNELS["streaming_llm"], max_len=64, decode_options=DecodeOptions(pdl=True))
     mod = kern.runtime.decode_module(DecodeOptions(pdl=True))
     assert not mod.pdl_supported(torch.device("cpu"))
+    # the default (pdl=None): programmatic dependent launches only where the step is one launch
+    assert DecodeOptions().pdl is None
+    mod = kern.runtime.decode_module(DecodeOptions(skip_mode="none"))
+    assert mod.pdl_by_default(1) and not mod.pdl_by_default(3)
+    assert not kern.runtime.decode_module(DecodeOptions(skip_mode="flags")).pdl_by_default(1)
 
 
 PDL_GPU = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9

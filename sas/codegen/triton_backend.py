@@ -90,9 +90,11 @@ class DecodeOptions:
     #: ignored elsewhere and under the interpreter): each kernel waits at its start for the
     #: kernel before it, so its launch overlaps that kernel's end. H100: ~1 us faster a step
     #: where the kernel before takes part in PDL (another decode, a Triton kernel launched with
-    #: launch_pdl), 0.4-0.6 us slower after a plain kernel, so off by default
-    #: (docs/benchmarks.md, "Programmatic dependent launch")
-    pdl: bool = False
+    #: launch_pdl); after a plain kernel 0.4-0.6 us slower for a split decode with its combine
+    #: launch, as fast for a one-launch decode. None (the default): on where the step is one
+    #: launch (one split, no flags kernel), off otherwise (docs/benchmarks.md, "Programmatic
+    #: dependent launch")
+    pdl: bool | None = None
     #: write the new token's key and value into the cache after the slot loop rather than
     #: before it, so that the loop's first loads need not wait for that store (the loop uses
     #: the new token's values for its slot either way); None: after the loop for caches of at
@@ -107,8 +109,8 @@ class DecodeOptions:
         if self.skip_mode not in (None, "none", "mask", "flags"):
             raise KernelError(f"DecodeOptions.skip_mode must be None, 'none', 'mask' or 'flags', "
                               f"got {self.skip_mode!r}")
-        if not isinstance(self.pdl, bool):
-            raise KernelError(f"DecodeOptions.pdl must be True or False, got {self.pdl!r}")
+        if self.pdl is not None and not isinstance(self.pdl, bool):
+            raise KernelError(f"DecodeOptions.pdl must be None, True or False, got {self.pdl!r}")
         if not isinstance(self.waves, int) or self.waves < 1:
             raise KernelError(f"DecodeOptions.waves must be a positive integer, got {self.waves!r}")
         if not isinstance(self.blocks_per_split, int) or self.blocks_per_split < 1:
