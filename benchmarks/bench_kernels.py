@@ -122,7 +122,7 @@ def pdl_decode_ms(pattern, N: int, kern, po, do, args5, dout: torch.Tensor, rep:
     out = torch.empty_like(dout)
     pk.runtime.decode(q, kd, vd, kc.clone(), vc.clone(), N - 1, out=out)
     if not torch.equal(out, dout):
-        raise RuntimeError(f"{pattern!r}: the PDL decode's output differs from the plain decode's")
+        raise RuntimeError(f"{pattern!r}: the PDL decode's output differs from the default decode's")
     return median_ms(lambda: pk.runtime.decode(q, kd, vd, kc, vc, N - 1, out=out), True, rep)
 
 

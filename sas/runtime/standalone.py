@@ -233,16 +233,19 @@ class StaticKernel:
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, position: int, *, num_splits: int | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
         """One token at absolute `position` (q [B, Hq, 1, D]; k, v [B, Hkv, 1, D]); the caches are
-        updated in place (the new key goes to slot cache_id_func(position))."""
+        updated in place (the new key goes to slot cache_id_func(position)). `pdl`: launch as
+        programmatic dependent launches (compute capability 9+); None: only where the step is one
+        launch (the module's `pdl_by_default`)."""
         mod = self._decoder("decode")
         if not 0 <= position < self.max_len:
             raise ValueError(f"decode: position must be in 0..{self.max_len - 1}, got {position}")
         if num_splits is None:
             num_splits = mod.num_splits_for(q.shape[0], k.shape[1], num_sms=num_sms(q.device))
         slot_keys = self._held(position, q.device) if self._held is not None else None
-        return mod.decode(q, k, v, k_cache, v_cache, position, out=out, num_splits=num_splits, slot_keys=slot_keys)
+        return mod.decode(q, k, v, k_cache, v_cache, position, out=out, num_splits=num_splits, slot_keys=slot_keys,
+                          pdl=pdl)
 
 
 class DynamicKernel:
