@@ -139,9 +139,9 @@ def test_random_static_plus_h2o_with_block_flags_forced(case, prefill, seed):
     def force_flags(ker):
         mp.setattr(ker.dynamic.mod, "STATIC_SPARSE", True)
         mp.setattr(ker.dynamic.mod, "FLAG_N", 4)
+        mp.setattr(ker.dynamic.mod, "FLAGS_FROM_BLOCKS", 1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dynamic_host, "attend_block_n", lambda *args: 8)
-        mp.setattr(dynamic_host, "FLAGS_FROM_BLOCKS", 1)
         ker = check(static, Causal() * ~static, Dynamic(budget=budget), N=26, prefill=prefill, B=1, Hq=2, Hkv=2,
                     seed=seed, prepare=force_flags)
         assert ker.dynamic.rt.state.skip_flags == (ker.dynamic.cplan.static_size > 0)
@@ -512,8 +512,8 @@ def test_static_block_flags_skip_unattended_blocks_exactly(monkeypatch, split_sc
     orig_step = dynamic_host.step
     runs = []
     for from_blocks in (1, 10 ** 9):                 # flags forced on, then off
-        monkeypatch.setattr(dynamic_host, "FLAGS_FROM_BLOCKS", from_blocks)
         ker = SASAttnKernel(pattern, max_len=48)     # a multiple of the stride: closed-form cache functions
+        monkeypatch.setattr(ker.dynamic.mod, "FLAGS_FROM_BLOCKS", from_blocks)
         ker.dynamic.rt.graphs = False       # every step launches (on CUDA a graph would replay one capture)
         launches = _Launches(ker.dynamic.mod.FLAGS_KERNEL)
         monkeypatch.setattr(ker.dynamic.mod, "FLAGS_KERNEL", launches)

@@ -407,13 +407,19 @@ def rows_attend_under_half(analysis) -> bool:
     return attended_fraction(analysis) < 0.5
 
 
+#: slot blocks from which skipping through a per-step flags kernel pays (fewer: each program
+#: tests its blocks' masks), for the static decode (`decode_skip_mode`) and the dynamic decode's
+#: static segment (rendered into its module, read by `dynamic_host.uses_flags`)
+FLAGS_FROM_BLOCKS = 16
+
+
 def decode_skip_mode(analysis, block_n: int = 64) -> str:
     """Skip empty slot blocks when queries attend under half of the cache
-    (`rows_attend_under_half`), through a per-step flags kernel when the cache has many blocks;
-    otherwise keep the loop branch-free so that loads pipeline."""
+    (`rows_attend_under_half`), through a per-step flags kernel when the cache has at least
+    `FLAGS_FROM_BLOCKS` blocks; otherwise keep the loop branch-free so that loads pipeline."""
     if not rows_attend_under_half(analysis):
         return "none"
-    return "flags" if -(-int(analysis.cache_size) // block_n) >= 16 else "mask"
+    return "flags" if -(-int(analysis.cache_size) // block_n) >= FLAGS_FROM_BLOCKS else "mask"
 
 
 # --- loading and caching -----------------------------------------------------------------------
@@ -541,6 +547,7 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         static_repr=_one_line(repr(plan.static)),
         static_size=cplan.static_size,
         static_sparse=static is not None and rows_attend_under_half(static),
+        flags_from_blocks=FLAGS_FROM_BLOCKS,
         pool_size=cplan.pool_size,
         region_source=_one_line(ast.unparse(plan.region.predicate(pos, key))),
         budget=plan.budget,

@@ -6,7 +6,7 @@ This module imports only torch: `sas compile` copies it next to the generated ke
 module is passed in (`kernels`): it holds the Triton kernels (`ATTN_KERNEL`, `FLAGS_KERNEL`,
 `COMBINE_KERNEL`, `SCORE_KERNEL`, `UPDATE_KERNEL`), the layout constants (`STATIC_SIZE`, `POOL_SIZE`,
 `TOTAL`, `MAX_LEN`, `BUDGET`, `REFRESH`, `MAX_ENTERING`, `REDUCE`, `BLOCK_N`, `NUM_WARPS`,
-`STATIC_SPARSE`, `FLAG_N`) and the pattern's torch
+`STATIC_SPARSE`, `FLAG_N`, `FLAGS_FROM_BLOCKS`) and the pattern's torch
 functions (`region(i, j)`, `cache_ids(token_ids)`, `epilogue(x)`).
 
     rt = Runtime(dynamic_decode, static_decode, tables)   # tables: the region schedule
@@ -38,10 +38,6 @@ SCORE_SLOTS = 512
 SPLIT_SCORE_FROM = 1024
 #: warps of the update kernel's one program per KV head
 UPDATE_WARPS = 4
-#: the attention skips slot blocks through per-step flags (the flags kernel) where a decode row
-#: attends under half of the static segment (the module's STATIC_SPARSE) and the static segment
-#: spans at least this many attention blocks (as the static decode's skip_mode="flags")
-FLAGS_FROM_BLOCKS = 16
 #: slots a block of the attention kernel takes for a GQA group in bf16 / fp16 (H100, 32 / 8
 #: heads at batch 16, head dim 128: 128 slots were 12-29% faster a step than 64;
 #: docs/benchmarks.md), where the shared memory holds them (`attend_block_n`)
@@ -72,10 +68,11 @@ def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_
 
 def uses_flags(kernels: ModuleType, block_n: int) -> bool:
     """Whether the attention skips slot blocks through the flags kernel's per-step flags: where a
-    decode row attends under half of the static segment and that segment spans at least
-    FLAGS_FROM_BLOCKS blocks of `block_n` slots (block_n a multiple of FLAG_N)."""
+    decode row attends under half of the static segment (the module's STATIC_SPARSE) and that
+    segment spans at least the module's FLAGS_FROM_BLOCKS blocks of `block_n` slots (block_n a
+    multiple of FLAG_N)."""
     return (bool(kernels.STATIC_SPARSE) and block_n % kernels.FLAG_N == 0
-            and -(-kernels.STATIC_SIZE // block_n) >= FLAGS_FROM_BLOCKS)
+            and -(-kernels.STATIC_SIZE // block_n) >= kernels.FLAGS_FROM_BLOCKS)
 
 
 def attend_block_n(kernels: ModuleType, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
