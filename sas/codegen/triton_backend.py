@@ -72,6 +72,10 @@ class DecodeOptions:
 
     block_n: int = 64
     num_warps: int = 4
+    #: software-pipelining depth of the slot loop's K/V loads where the loop multiplies with
+    #: tl.dot (GQA groups, or `mha_dot`); Triton does not pipeline the one-query-row MHA loop
+    #: (no tl.dot), and making it (tl.range num_stages) was 3-4x slower on H100
+    #: (docs/benchmarks.md, "Software pipelining of the MHA slot loop")
     num_stages: int = 2
     #: programs per SM the split count aims for
     waves: int = 2

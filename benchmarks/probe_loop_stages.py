@@ -1,0 +1,200 @@
+"""Are the decode kernels' slot loops software-pipelined? (issue 11, items 4 and 5)
+
+Triton pipelines a loop's loads (cp.async into shared memory, `num_stages` deep) only where
+they feed a `tl.dot`, unless the loop itself asks for stages: `tl.range(..., num_stages=n)`
+(Triton's AssignLatencies pass: `pipelineWithoutDot` is set by the loop's own attribute only).
+The MHA decode (one query row per KV head: `tl.sum` instead of `tl.dot`) loops over its slot
+blocks with a plain `range`, so `DecodeOptions.num_stages` does nothing there and each slot
+block's loads wait for the block before.
+
+This probe renders each decode module as the template has it and with the slot loop written as
+`tl.range(s_lo, s_hi, BLOCK_N, num_stages=n)` for n in --stages (n = 0: a register double
+buffer by hand instead, the next slot block's K and V loaded before the current block's
+arithmetic; static decodes of skip mode "none" only), counts the cp.async copies in
+each compiled kernel's TTGIR, checks that every variant leaves the same output and cache bit
+for bit (the dynamic step: the whole state), and times them by CUDA-graph replay, paired rounds:
+- static decodes (MHA batch 1, 64 heads, and GQA 32 / 8 heads batch 16; head dim 128, bf16,
+  16K), over the HBM floor of the compact cache;
+- the dynamic step's attention loop (each pattern + H2O, budget 512, bench_dynamic.py's
+  configurations).
+
+    python benchmarks/probe_loop_stages.py [--patterns a,b] [--stages 2,3] [--no-dynamic]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ab_dynamic_update import CONFIGS, D, DTYPE, N  # noqa: E402
+from bench_kernels import copy_bandwidth, load_pattern, paired_ms  # noqa: E402
+from probe_store_last import dynamic_rows  # noqa: E402
+
+from sas.codegen import triton_backend as tb  # noqa: E402
+from sas.runtime import SASAttnKernel  # noqa: E402
+
+LOOP = "    for s0 in range(s_lo, s_hi, BLOCK_N):\n"
+
+
+def staged(source: str, stages: int) -> tuple[str, str]:
+    """`source` with its slot loop(s) as `tl.range(..., num_stages=stages)`."""
+    if source.count(LOOP) < 1:
+        raise SystemExit("no slot loop found: the template changed, update the probe")
+    return source.replace(LOOP, f"    for s0 in tl.range(s_lo, s_hi, BLOCK_N, num_stages={stages}):\n"), \
+        f"tl.range/{stages}"
+
+
+def prefetched(source: str) -> tuple[str, str]:
+    """`source` with the static decode's slot loop (skip mode "none") loading the next slot
+    block's K and V into registers before it computes on the current one (a register double
+    buffer: the loads of block i + 1 are in flight during block i's arithmetic)."""
+    lines = source.splitlines(keepends=True)
+    if LOOP not in lines or 'SKIP_MODE = "none"\n' not in lines:
+        return source, "prefetch"  # (blocks are skipped in a branch: left as rendered)
+    i = lines.index(LOOP)
+    j = i + 1
+    while j < len(lines) and (lines[j].startswith("        ") or not lines[j].strip()):
+        j += 1
+    body = lines[i + 1:j]
+    strip = [ln.strip() for ln in body]
+    a = strip.index("slot = s0 + offs_n")
+    b = next(n for n, ln in enumerate(strip) if ln.startswith("attend = "))
+    c = next(n for n, ln in enumerate(strip) if ln.startswith("v = tl.where(is_new"))
+    mask = body[a + 1:b + 1]
+    rest = body[c + 1:]
+    kl = "tl.load(kc + slot[None, :] * stride_kc_s + offs_d[:, None] * stride_kc_d, mask=att_nx[None, :], other=0.0)"
+    vl = "tl.load(vc + slot[:, None] * stride_vc_s + offs_d[None, :] * stride_vc_d, mask=att_nx[:, None], other=0.0)"
+    pro = ["    slot = s_lo + offs_n\n"] + [ln[4:] for ln in mask] + [
+        "    att_nx = attend\n", f"    k_nx = {kl}\n", f"    v_nx = {vl}\n"]
+    loop = [LOOP, "        k = k_nx\n", "        v = v_nx\n", "        att_c = att_nx\n",
+            "        slot = s0 + BLOCK_N + offs_n\n"] + mask + [
+        "        att_nx = attend\n", f"        k_nx = {kl}\n", f"        v_nx = {vl}\n",
+        "        slot = s0 + offs_n\n", "        attend = att_c\n", "        is_new = slot == new_slot\n",
+        "        k = tl.where(is_new[None, :], k_new[:, None], k)\n",
+        "        v = tl.where(is_new[:, None], v_new[None, :], v)\n"] + rest
+    return "".join(lines[:i] + pro + loop + lines[j:]), "prefetch"
+
+
+def async_copies(mod) -> int:
+    """cp.async copies in the TTGIR of every kernel of `mod` compiled so far (-1: unknown)."""
+    n, seen = 0, False
+    for obj in vars(mod).values():
+        caches = getattr(obj, "device_caches", None)
+        if not caches:
+            continue
+        for dc in caches.values():
+            kernels = dc[0] if isinstance(dc, tuple) else dc
+            for ck in getattr(kernels, "values", lambda: [])():
+                asm = getattr(ck, "asm", {}) or {}
+                if "ttgir" in asm:
+                    seen = True
+                    n += asm["ttgir"].count("async_copy_global_to_local")
+    return n if seen else -1
+
+
+def static_rows(names, configs, stages, alts, bw, rep, rounds, dev):
+    rows = []
+    for cfg, B, Hq, Hkv in configs:
+        g = torch.Generator(device=dev).manual_seed(0)
+        q = torch.randn(B, Hq, 1, D, device=dev, dtype=DTYPE, generator=g)
+        kd = torch.randn(B, Hkv, 1, D, device=dev, dtype=DTYPE, generator=g)
+        vd = torch.randn(B, Hkv, 1, D, device=dev, dtype=DTYPE, generator=g)
+        for name in names:
+            base = SASAttnKernel(load_pattern(name), max_len=N)
+            k = torch.randn(B, Hkv, N, D, device=dev, dtype=DTYPE, generator=g)
+            v = torch.randn_like(k)
+            kc, vc = base.new_cache(B, Hkv, D, DTYPE, dev)
+            base.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
+            del k, v
+            floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
+            default = base.plan.decode_config(Hq // Hkv)
+            for label, o in [("default", default)] + [
+                    (f"bn={bn} w={w} bps={bps}", dataclasses.replace(default, block_n=bn, num_warps=w,
+                                                                     blocks_per_split=bps))
+                    for bn, w, bps in (alts if Hq == Hkv else ())]:
+                kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+                src = tb.render_decode(kern.plan.analysis, o)
+                kerns, labels = [kern], ["range"]
+                for s in stages:
+                    vsrc, lab = staged(src, s) if s > 0 else prefetched(src)
+                    var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+                    var.runtime._decode_mods[o] = tb.load_source(vsrc, "sas_decode_stages_probe")
+                    kerns.append(var)
+                    labels.append(lab)
+                fns, outs = [], []
+                for kk in kerns:
+                    c = (kc.clone(), vc.clone())
+                    out = torch.empty_like(q)
+                    kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out)
+                    outs.append((out, c[0], c[1]))
+                    fns.append(lambda kk=kk, c=c, out=out: kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out))
+                torch.cuda.synchronize()
+                same = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0], o2))
+                copies = [async_copies(kk.runtime.decode_module(o)) for kk in kerns]
+                t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
+                rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, opts=label, labels=labels,
+                                 us=t, copies=copies, same=same))
+                print(f"static {cfg} {name} {label}: floor {floor:.2f} us; "
+                      + ", ".join(f"{lab} {u:.2f} ({c} cp.async)" for lab, u, c in zip(labels, t, copies))
+                      + f"; same={same}", flush=True)
+                del kerns, fns, outs
+            del kc, vc
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--patterns", default="strided_block_local,block_local,openai_fixed,streaming_llm,sliding_window,"
+                                          "openai_strided,causal")
+    ap.add_argument("--configs", default="MHA,GQA")
+    ap.add_argument("--stages", default="2,3", help="tl.range num_stages of each variant; 0: the register prefetch")
+    ap.add_argument("--alts", default="", help="MHA option variants block_n,num_warps,blocks_per_split;...")
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-dynamic", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_loop_stages.py needs an NVIDIA GPU")
+    dev = torch.device("cuda")
+    names = args.patterns.split(",")
+    stages = [int(s) for s in args.stages.split(",")]
+    alts = [tuple(int(x) for x in a.split(",")) for a in filter(None, args.alts.split(";"))]
+    configs = [c for c in CONFIGS if c[0] in args.configs.split(",")]
+    bw = copy_bandwidth(dev)
+    print(f"# `python benchmarks/probe_loop_stages.py` ({torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); N={N}, D={D}, bf16; copy bandwidth "
+          f"{bw / 1e12:.2f} TB/s\n", flush=True)
+    srows = static_rows(names, configs, stages, alts, bw, args.rep, args.rounds, dev)
+    drows = []
+    if not args.no_dynamic:
+        dnames = [n for n in names if n != "causal"]
+        for s in stages:
+            drows += [dict(r, stages=s) for r in dynamic_rows(dnames, configs, 40, args.rounds, dev,
+                                                               transform=lambda src, s=s: staged(src, s))]
+    print("\nStatic decode, us (CUDA-graph replay) and over the HBM floor: the template's `range` / "
+          "`tl.range(num_stages=n)`; cp.async copies in the compiled TTGIR\n")
+    print("| config | pattern | slots | options | floor us | " + " | ".join(srows[0]["labels"]) + " | x floor | cp.async | same |")
+    print("|---|---|---:|---|---:|" + "---:|" * len(srows[0]["labels"]) + "---|---|---|")
+    for r in srows:
+        f = r["floor"]
+        print(f"| {r['cfg']} | {r['name']} | {r['slots']} | {r['opts']} | {f:.2f} | "
+              + " | ".join(f"{u:.2f}" for u in r["us"]) + " | " + " / ".join(f"{u / f:.2f}" for u in r["us"])
+              + " | " + " / ".join(str(c) for c in r["copies"]) + f" | {r['same']} |")
+    if drows:
+        print("\nDynamic step (+ H2O, budget 512), us (CUDA-graph replay): template / tl.range(num_stages=n)\n")
+        print("| config | pattern | n | step | same state |")
+        print("|---|---|---:|---|---|")
+        for r in drows:
+            print(f"| {r['cfg']} | {r['name']} | {r['stages']} | {r['us'][0]:.2f} / {r['us'][1]:.2f} | {r['same']} |")
+
+
+if __name__ == "__main__":
+    main()
