@@ -82,6 +82,64 @@ def prefetched(source: str) -> tuple[str, str]:
     return "".join(lines[:i] + pro + loop + lines[j:]), "prefetch"
 
 
+def lanes(source: str) -> tuple[str, str]:
+    """`source` with the static MHA decode's slot loop (skip mode "none", one query row per KV
+    head) keeping one online softmax per slot lane: K and V are loaded as [BLOCK_N, HEAD_DIM],
+    each lane j runs its own max, sum and [HEAD_DIM] accumulator over slots j, j + BLOCK_N, ...,
+    so the loop has no reduction across warps and no layout conversion (only q.k's sum over the
+    head dimension, inside a warp); the lanes are merged once after the loop."""
+    lines = source.splitlines(keepends=True)
+    if LOOP not in lines or 'SKIP_MODE = "none"\n' not in lines:
+        return source, "lanes"  # (blocks are skipped in a branch: left as rendered)
+    i = lines.index(LOOP)
+    j = i + 1
+    while j < len(lines) and (lines[j].startswith("        ") or not lines[j].strip()):
+        j += 1
+    body = lines[i + 1:j]
+    strip = [ln.strip() for ln in body]
+    a = strip.index("slot = s0 + offs_n")
+    b = next(n for n, ln in enumerate(strip) if ln.startswith("attend = "))
+    mask = body[a + 1:b + 1]
+    new = ["    m_l = tl.full([BLOCK_N], float(\"-inf\"), dtype=tl.float32)\n",
+           "    l_l = tl.zeros([BLOCK_N], dtype=tl.float32)\n",
+           "    acc_l = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)\n",
+           "    qv = tl.sum(q, 0)\n",
+           LOOP, "        slot = s0 + offs_n\n"] + mask + [
+        "        is_new = slot == new_slot\n",
+        "        k = tl.load(kc + slot[:, None] * stride_kc_s + offs_d[None, :] * stride_kc_d, mask=attend[:, None], other=0.0)\n",
+        "        k = tl.where(is_new[:, None], k_new[None, :], k)\n",
+        "        v = tl.load(vc + slot[:, None] * stride_vc_s + offs_d[None, :] * stride_vc_d, mask=attend[:, None], other=0.0)\n",
+        "        v = tl.where(is_new[:, None], v_new[None, :], v)\n",
+        "        qk = tl.sum(k.to(tl.float32) * qv[None, :], 1)\n",
+        "        qk = tl.where(attend, qk, float(\"-inf\"))\n",
+        "        m_new = tl.maximum(m_l, qk)\n",
+        "        m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
+        "        p = tl.math.exp2(qk - m_use)\n",
+        "        alpha = tl.math.exp2(m_l - m_use)\n",
+        "        l_l = l_l * alpha + p\n",
+        "        acc_l = acc_l * alpha[:, None] + p[:, None] * v.to(tl.float32)\n",
+        "        m_l = m_new\n",
+        "    m_1 = tl.max(m_l, 0)\n",
+        "    w_l = tl.math.exp2(m_l - tl.where(m_1 == float(\"-inf\"), 0.0, m_1))\n",
+        "    m_i = tl.zeros([G_PAD], dtype=tl.float32) + m_1\n",
+        "    l_i = tl.zeros([G_PAD], dtype=tl.float32) + tl.sum(l_l * w_l, 0)\n",
+        "    acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32) + tl.sum(acc_l * w_l[:, None], 0)[None, :]\n",
+        "\n"]
+    return "".join(lines[:i] + new + lines[j:]), "lanes"
+
+
+def registers(mod) -> str:
+    """"registers/spills" of the split (attention) kernel(s) of `mod` compiled so far."""
+    out = []
+    for name, obj in vars(mod).items():
+        for dc in (getattr(obj, "device_caches", None) or {}).values():
+            kernels = dc[0] if isinstance(dc, tuple) else dc
+            for ck in getattr(kernels, "values", lambda: [])():
+                if "combine" not in name and "flags" not in name and hasattr(ck, "n_regs"):
+                    out.append(f"{ck.n_regs}/{ck.n_spills}")
+    return ",".join(out) or "?"
+
+
 def async_copies(mod) -> int:
     """cp.async copies in the TTGIR of every kernel of `mod` compiled so far (-1: unknown)."""
     n, seen = 0, False
@@ -116,14 +174,14 @@ def static_rows(names, configs, stages, alts, bw, rep, rounds, dev):
             floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
             default = base.plan.decode_config(Hq // Hkv)
             for label, o in [("default", default)] + [
-                    (f"bn={bn} w={w} bps={bps}", dataclasses.replace(default, block_n=bn, num_warps=w,
-                                                                     blocks_per_split=bps))
-                    for bn, w, bps in (alts if Hq == Hkv else ())]:
+                    (f"bn={bn} w={w} bps={bps}" + (" dot" if dot else ""),
+                     dataclasses.replace(default, block_n=bn, num_warps=w, blocks_per_split=bps, mha_dot=bool(dot)))
+                    for bn, w, bps, dot in (alts if Hq == Hkv else ())]:
                 kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
                 src = tb.render_decode(kern.plan.analysis, o)
                 kerns, labels = [kern], ["range"]
                 for s in stages:
-                    vsrc, lab = staged(src, s) if s > 0 else prefetched(src)
+                    vsrc, lab = staged(src, s) if s > 0 else prefetched(src) if s == 0 else lanes(src)
                     var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
                     var.runtime._decode_mods[o] = tb.load_source(vsrc, "sas_decode_stages_probe")
                     kerns.append(var)
@@ -137,7 +195,12 @@ def static_rows(names, configs, stages, alts, bw, rep, rounds, dev):
                     fns.append(lambda kk=kk, c=c, out=out: kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out))
                 torch.cuda.synchronize()
                 same = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0], o2))
-                copies = [async_copies(kk.runtime.decode_module(o)) for kk in kerns]
+                if not same:  # (lanes sum in another order: outputs within bf16 rounding, caches equal)
+                    err = max((o2[0].float() - outs[0][0].float()).abs().max().item() for o2 in outs[1:])
+                    caches = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0][1:], o2[1:]))
+                    same = f"out max diff {err:.1e}, caches equal {caches}"
+                copies = [f"{async_copies(kk.runtime.decode_module(o))} ({registers(kk.runtime.decode_module(o))})"
+                          for kk in kerns]
                 t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
                 rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, opts=label, labels=labels,
                                  us=t, copies=copies, same=same))
@@ -155,8 +218,9 @@ def main() -> None:
     ap.add_argument("--patterns", default="strided_block_local,block_local,openai_fixed,streaming_llm,sliding_window,"
                                           "openai_strided,causal")
     ap.add_argument("--configs", default="MHA,GQA")
-    ap.add_argument("--stages", default="2,3", help="tl.range num_stages of each variant; 0: the register prefetch")
-    ap.add_argument("--alts", default="", help="MHA option variants block_n,num_warps,blocks_per_split;...")
+    ap.add_argument("--stages", default="2,3", help="tl.range num_stages of each variant; 0: the register prefetch; "
+                                                      "-1: per-lane softmax (MHA only)")
+    ap.add_argument("--alts", default="", help="MHA option variants block_n,num_warps,blocks_per_split[,mha_dot 0/1];...")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-dynamic", action="store_true")
@@ -166,7 +230,7 @@ def main() -> None:
     dev = torch.device("cuda")
     names = args.patterns.split(",")
     stages = [int(s) for s in args.stages.split(",")]
-    alts = [tuple(int(x) for x in a.split(",")) for a in filter(None, args.alts.split(";"))]
+    alts = [tuple(int(x) for x in (a + ",0").split(",")[:4]) for a in filter(None, args.alts.split(";"))]
     configs = [c for c in CONFIGS if c[0] in args.configs.split(",")]
     bw = copy_bandwidth(dev)
     print(f"# `python benchmarks/probe_loop_stages.py` ({torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
@@ -180,7 +244,7 @@ def main() -> None:
             drows += [dict(r, stages=s) for r in dynamic_rows(dnames, configs, 40, args.rounds, dev,
                                                                transform=lambda src, s=s: staged(src, s))]
     print("\nStatic decode, us (CUDA-graph replay) and over the HBM floor: the template's `range` / "
-          "`tl.range(num_stages=n)`; cp.async copies in the compiled TTGIR\n")
+          "`tl.range(num_stages=n)`; cp.async copies in the compiled TTGIR (split kernel registers / spills)\n")
     print("| config | pattern | slots | options | floor us | " + " | ".join(srows[0]["labels"]) + " | x floor | cp.async | same |")
     print("|---|---|---:|---|---:|" + "---:|" * len(srows[0]["labels"]) + "---|---|---|")
     for r in srows:
