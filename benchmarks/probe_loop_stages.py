@@ -82,12 +82,14 @@ def prefetched(source: str) -> tuple[str, str]:
     return "".join(lines[:i] + pro + loop + lines[j:]), "prefetch"
 
 
-def lanes(source: str) -> tuple[str, str]:
+def lanes(source: str, transposed: bool | str = False) -> tuple[str, str]:
     """`source` with the static MHA decode's slot loop (skip mode "none", one query row per KV
     head) keeping one online softmax per slot lane: K and V are loaded as [BLOCK_N, HEAD_DIM],
     each lane j runs its own max, sum and [HEAD_DIM] accumulator over slots j, j + BLOCK_N, ...,
     so the loop has no reduction across warps and no layout conversion (only q.k's sum over the
-    head dimension, inside a warp); the lanes are merged once after the loop."""
+    head dimension, inside a warp); the lanes are merged once after the loop. `transposed`: K
+    and V both loaded as [HEAD_DIM, BLOCK_N] instead ("qfix": and the new token's q.k patched
+    into the products rather than its key into the tile)."""
     lines = source.splitlines(keepends=True)
     if LOOP not in lines or 'SKIP_MODE = "none"\n' not in lines:
         return source, "lanes"  # (blocks are skipped in a branch: left as rendered)
@@ -100,6 +102,8 @@ def lanes(source: str) -> tuple[str, str]:
     a = strip.index("slot = s0 + offs_n")
     b = next(n for n, ln in enumerate(strip) if ln.startswith("attend = "))
     mask = body[a + 1:b + 1]
+    if transposed:
+        return _lanes_dn(lines, i, j, mask, qfix=transposed == "qfix")
     new = ["    m_l = tl.full([BLOCK_N], float(\"-inf\"), dtype=tl.float32)\n",
            "    l_l = tl.zeros([BLOCK_N], dtype=tl.float32)\n",
            "    acc_l = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)\n",
@@ -126,6 +130,42 @@ def lanes(source: str) -> tuple[str, str]:
         "    acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32) + tl.sum(acc_l * w_l[:, None], 0)[None, :]\n",
         "\n"]
     return "".join(lines[:i] + new + lines[j:]), "lanes"
+
+
+def _lanes_dn(lines, i, j, mask, qfix: bool = False) -> tuple[str, str]:
+    """lanes(transposed=True); `qfix`: the new token's slot gets its q.k from a product taken
+    before the loop instead of its key substituted into the loaded tile (so that the first use
+    of the loaded K is the product, not a select)."""
+    ptr = "slot[None, :] * stride_{0}c_s + offs_d[:, None] * stride_{0}c_d"
+    fix = (["        qk = tl.where(is_new, qk_nw, qk)\n"] if qfix
+           else ["        k = tl.where(is_new[None, :], k_new[:, None], k)\n"])
+    new = ["    m_l = tl.full([BLOCK_N], float(\"-inf\"), dtype=tl.float32)\n",
+           "    l_l = tl.zeros([BLOCK_N], dtype=tl.float32)\n",
+           "    acc_l = tl.zeros([HEAD_DIM, BLOCK_N], dtype=tl.float32)\n",
+           "    qv = tl.sum(q, 0)\n",
+           "    qk_nw = tl.sum(k_new.to(tl.float32) * qv, 0)\n",
+           LOOP, "        slot = s0 + offs_n\n"] + mask + [
+        "        is_new = slot == new_slot\n",
+        f"        k = tl.load(kc + {ptr.format('k')}, mask=attend[None, :], other=0.0)\n",
+        f"        v = tl.load(vc + {ptr.format('v')}, mask=attend[None, :], other=0.0)\n"] + (
+        [] if qfix else fix) + [
+        "        v = tl.where(is_new[None, :], v_new[:, None], v)\n",
+        "        qk = tl.sum(k.to(tl.float32) * qv[:, None], 0)\n"] + (fix if qfix else []) + [
+        "        qk = tl.where(attend, qk, float(\"-inf\"))\n",
+        "        m_new = tl.maximum(m_l, qk)\n",
+        "        m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
+        "        p = tl.math.exp2(qk - m_use)\n",
+        "        alpha = tl.math.exp2(m_l - m_use)\n",
+        "        l_l = l_l * alpha + p\n",
+        "        acc_l = acc_l * alpha[None, :] + p[None, :] * v.to(tl.float32)\n",
+        "        m_l = m_new\n",
+        "    m_1 = tl.max(m_l, 0)\n",
+        "    w_l = tl.math.exp2(m_l - tl.where(m_1 == float(\"-inf\"), 0.0, m_1))\n",
+        "    m_i = tl.zeros([G_PAD], dtype=tl.float32) + m_1\n",
+        "    l_i = tl.zeros([G_PAD], dtype=tl.float32) + tl.sum(l_l * w_l, 0)\n",
+        "    acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32) + tl.sum(acc_l * w_l[None, :], 1)[None, :]\n",
+        "\n"]
+    return "".join(lines[:i] + new + lines[j:]), "lanes-dn" + ("-qfix" if qfix else "")
 
 
 def registers(mod) -> str:
@@ -181,7 +221,8 @@ def static_rows(names, configs, stages, alts, bw, rep, rounds, dev):
                 src = tb.render_decode(kern.plan.analysis, o)
                 kerns, labels = [kern], ["range"]
                 for s in stages:
-                    vsrc, lab = staged(src, s) if s > 0 else prefetched(src) if s == 0 else lanes(src)
+                    vsrc, lab = (staged(src, s) if s > 0 else prefetched(src) if s == 0
+                                 else lanes(src, transposed={-1: False, -2: True, -3: "qfix"}[s]))
                     var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
                     var.runtime._decode_mods[o] = tb.load_source(vsrc, "sas_decode_stages_probe")
                     kerns.append(var)
@@ -219,7 +260,8 @@ def main() -> None:
                                           "openai_strided,causal")
     ap.add_argument("--configs", default="MHA,GQA")
     ap.add_argument("--stages", default="2,3", help="tl.range num_stages of each variant; 0: the register prefetch; "
-                                                      "-1: per-lane softmax (MHA only)")
+                                                      "-1: per-lane softmax (MHA only); -2: the same over [head dim, slots] tiles; "
+                                                      "-3: -2 with the new token's q.k patched in")
     ap.add_argument("--alts", default="", help="MHA option variants block_n,num_warps,blocks_per_split[,mha_dot 0/1];...")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
