@@ -112,6 +112,20 @@ def test_every_example_is_tested():
     assert set(FIGURES) | set(TABLE1_NAMES) <= on_disk
 
 
+def test_method_examples():
+    """examples/saap.py and examples/kascade_anchor.py, which the README's `sas train` and
+    `sas calibrate` lines take, are the patterns those commands accept."""
+    from sas.methods.kascade_dynamic import kascade_layer
+    from sas.methods.saap_train import pattern_layout
+    saap = example_pattern("saap")
+    assert pattern_layout(saap, 4096) == (1, 2047, 4)
+    q, k = grid(40)
+    dense = (q >= k) & ((k < 1) | (q - k < 2047))
+    np.testing.assert_array_equal(saap.to_mask(40) & dense, dense)   # the exact part is attended
+    layer = kascade_layer(example_pattern("kascade_anchor"))
+    assert (layer.role, layer.name) == ("anchor", "kascade")
+
+
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_examples_load(name):
     ns = example_namespace(name)
