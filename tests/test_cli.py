@@ -493,3 +493,16 @@ def test_compile_help_names_every_backend():
     from sas.codegen.compile import BACKENDS
 
     assert FALLBACK_BACKENDS == BACKENDS
+
+
+def test_inspect_a_fraction_budget():
+    """`sas inspect` of a Kascade anchor (a run-time budget, ops.fraction) prints and writes JSON:
+    the keys a decode query loads are the fraction's count over the region's largest set."""
+    r = run("inspect", EXAMPLES / "kascade_anchor.py", "--max-len", "4K")
+    assert r.exit_code == 0, r.output
+    assert "loaded:       409 keys per decode query" in r.output        # int(0.1 * 4096), above min=128
+    r = run("inspect", EXAMPLES / "kascade_anchor.py", "--max-len", "1K", "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["loaded_per_step"] == 128                           # the minimum: 0.1 * 1024 < 128
+    assert report["split"]["budget"] == "fraction(0.1, min=128)"

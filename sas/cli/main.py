@@ -75,6 +75,24 @@ def _user_error(e: click.UsageError | SASError | MemoryError) -> click.ClickExce
     return CLIError(str(e))
 
 
+#: optional packages the commands import, and the extra of pyproject.toml that installs each
+_EXTRA_OF = {"torch": "kernels", "triton": "kernels", "transformers": "models", "gguf": "models",
+             "accelerate": "models", "safetensors": "models", "tqdm": "models"}
+#: commands that run a model: they need both extras
+_MODEL_COMMANDS = frozenset({"generate", "eval", "train", "calibrate", "align"})
+
+
+def _missing_extra(e: ModuleNotFoundError, command: str | None) -> CLIError | None:
+    """A missing optional dependency as a one-line error saying which extra installs it (None for
+    any other missing module: a bug, which keeps its traceback)."""
+    top = (e.name or "").split(".")[0]
+    if top not in _EXTRA_OF:
+        return None
+    extras = "kernels,models" if command in _MODEL_COMMANDS else _EXTRA_OF[top]
+    return CLIError(f"`sas {command}` needs the Python package {top!r}, which is not installed; "
+                    f"install the extras: pip install 'sas[{extras}]'")
+
+
 class _SASGroup(click.Group):
     """Turns every user error raised while parsing or running a command into a `CLIError`."""
 
@@ -90,6 +108,11 @@ class _SASGroup(click.Group):
             return super().invoke(ctx)
         except (click.UsageError, SASError, MemoryError) as e:
             raise _user_error(e) from None
+        except ModuleNotFoundError as e:
+            error = _missing_extra(e, ctx.invoked_subcommand)
+            if error is None:
+                raise
+            raise error from None
 
 
 def parse_length(text: str | int, what: str = "--max-len") -> int:
@@ -278,16 +301,23 @@ class DynamicInspection:
         candidate cached, which is the region bound."""
         if self.plan.refresh:
             return self.bound.cache_size
-        return self.static_cache_size + self.plan.budget
+        return self.static_cache_size + self.budget_keys
 
     @property
     def dynamic_cache_size(self) -> int:
         return self.cache_size - self.static_cache_size
 
     @property
+    def budget_keys(self) -> int:
+        """Keys the Dynamic selects a step at most: its budget, or for a run-time budget
+        (`ops.fraction`) its count over the region's largest candidate set."""
+        budget = self.plan.budget
+        return budget.keys(self.bound.cache_size) if hasattr(budget, "keys") else budget
+
+    @property
     def loaded_per_step(self) -> int:
         """Cached keys a decode query may read at most: the static slots and `budget` selected ones."""
-        return self.static_cache_size + self.plan.budget
+        return self.static_cache_size + self.budget_keys
 
     def notes(self) -> list[str]:
         plan, out = self.plan, []

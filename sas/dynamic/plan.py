@@ -195,8 +195,11 @@ class DynamicPlan:
         return "\n".join(lines)
 
     def report(self) -> dict:
-        return {"static": repr(self.static), "region": repr(self.region), "budget": self.budget,
-                "requested_budget": self.dynamic.budget,
+        def plain(budget):   # a key count, or a run-time budget (ops.fraction) as its repr: JSON either way
+            return budget if isinstance(budget, int) else repr(budget)
+
+        return {"static": repr(self.static), "region": repr(self.region), "budget": plain(self.budget),
+                "requested_budget": plain(self.dynamic.budget),
                 "refresh": self.refresh, "score": repr(self.dynamic.score), "capacity": self.capacity,
                 "head_shared_score": self.score.head_shared}
 
