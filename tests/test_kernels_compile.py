@@ -180,3 +180,24 @@ def test_failure_keeps_previous_output(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (out / "report.json").read_text() == before
     assert sorted(os.listdir(tmp_path)) == ["keep"]
+
+
+def test_compiled_package_on_cpu_tensors_without_the_interpreter_says_so(tmp_path, monkeypatch):
+    """The compiled package's prefill and decode refuse CPU tensors unless Triton's interpreter is
+    on, with a message naming TRITON_INTERPRET=1 (instead of Triton's "0 active drivers")."""
+    out = tmp_path / "cpu_pkg"
+    compile_pattern(Diag(0, 4) * Causal(), out, max_len=32, head_dim=16, dtype="float32")
+    spec = importlib.util.spec_from_file_location("sas_test_cpu_pkg", out / "__init__.py",
+                                                  submodule_search_locations=[str(out)])
+    attn = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sas_test_cpu_pkg", attn)
+    spec.loader.exec_module(attn)
+    q = torch.randn(1, 1, 8, 16)
+    kc, vc = attn.new_cache(1, 1, 16, torch.float32, "cpu")
+    attn.fill_cache(q, q, kc, vc)                    # torch only: fine on the CPU either way
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="prefill: q is on cpu.*TRITON_INTERPRET=1"):
+        attn.prefill(q, q, q)
+    one = q[:, :, :1]
+    with pytest.raises(ValueError, match="decode: q is on cpu.*TRITON_INTERPRET=1"):
+        attn.decode(one, one, one, kc, vc, 8)

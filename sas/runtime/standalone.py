@@ -125,6 +125,14 @@ def tile_tensors(full_ptr: torch.Tensor, full_runs: torch.Tensor, part_ptr: torc
 # --- decode helpers -----------------------------------------------------------------------------
 
 
+def check_device(where: str, q: torch.Tensor) -> None:
+    """Triton's kernels run on CUDA tensors, or on the CPU under its interpreter (TRITON_INTERPRET=1
+    in the environment before triton is first imported); say so instead of Triton's driver error."""
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"{where}: q is on {q.device}; these Triton kernels run on CUDA tensors, or on the CPU "
+                         f"with TRITON_INTERPRET=1 set in the environment before triton is imported")
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (4 elsewhere: the CPU interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -205,6 +213,7 @@ class StaticKernel:
                 lse: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D] (queries at the last Lq of the
         Lk <= MAX_LEN positions)."""
+        check_device("prefill", q)
         Lq, Lk = q.shape[2], k.shape[2]
         if not 0 < Lq <= Lk <= self.max_len:
             raise ValueError(f"prefill: need 0 < q length ({Lq}) <= k length ({Lk}) <= MAX_LEN ({self.max_len})")
@@ -239,6 +248,7 @@ class StaticKernel:
         programmatic dependent launches (compute capability 9+); None: only where the step is one
         launch (the module's `pdl_by_default`)."""
         mod = self._decoder("decode")
+        check_device("decode", q)
         if not 0 <= position < self.max_len:
             raise ValueError(f"decode: position must be in 0..{self.max_len - 1}, got {position}")
         if num_splits is None:
@@ -274,6 +284,7 @@ class DynamicKernel:
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Start a sequence batch: the prompt's attention (exactly the pattern's mask), then the
         cache cut to the budget. q [B, Hq, P, D], k, v [B, Hkv, P, D], P <= MAX_LEN."""
+        check_device("prefill", q)
         P = q.shape[2]
         if not 0 < P <= self.max_len or k.shape[2] != P:
             raise ValueError(f"prefill: q and k/v must have the same length P in 1..{self.max_len}, got "
@@ -283,6 +294,7 @@ class DynamicKernel:
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One token at the next position of the current sequence batch."""
+        check_device("decode", q)
         return self.runtime.decode(q, k, v)
 
     def held_keys(self) -> list[list[list[int]]]:

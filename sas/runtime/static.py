@@ -30,7 +30,8 @@ def check_triton_tensor(where: str, name: str, t: torch.Tensor) -> None:
     kernels are built for."""
     if t.device.type != "cuda" and not interpreting():
         raise KernelError(f"{where}: {name} is on {t.device}; the triton backend needs CUDA tensors (or "
-                          f"TRITON_INTERPRET=1 to run on the CPU interpreter)")
+                          f"TRITON_INTERPRET=1 to run on the CPU interpreter; SASAttnKernel(..., "
+                          f"backend='torch') runs a static pattern on the CPU at model sizes)")
     if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
         raise KernelError(f"{where}: head_dim {t.shape[-1]} is not supported; supported: "
                           f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
