@@ -63,14 +63,15 @@ def test_python_script_pattern_of_the_wrong_type(tmp_path):
         load_pattern(path)
 
 
-def test_sas_errors_from_the_script_propagate_unchanged(tmp_path):
-    path = write(tmp_path, "p.py", "from sas import Diag\npattern = Diag(0, 0)\n")
+def test_sas_errors_from_the_script_keep_their_type_and_name_the_line(tmp_path):
+    path = write(tmp_path, "p.py", "from sas import Diag\n\npattern = Diag(0, 0)\n")
     with pytest.raises(PatternError) as info:
         load_pattern(path)
     with pytest.raises(PatternError) as direct:
         Diag(0, 0)
     assert type(info.value) is PatternError
-    assert str(info.value) == str(direct.value)
+    assert str(info.value) == f"{path}, line 3: {direct.value}"
+    assert type(info.value.__cause__) is PatternError
 
 
 def test_other_script_errors_become_sas_errors_with_the_line(tmp_path):

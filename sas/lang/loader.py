@@ -104,8 +104,8 @@ def _load_script(path: Path) -> Pattern:
     try:
         with _isolated_imports(path.parent.resolve()):
             namespace = runpy.run_path(str(path), run_name=_RUN_NAME)
-    except SASError:
-        raise
+    except SASError as e:   # a pattern error in the script: say where, keep its type
+        raise _located(e, path) from e
     except SyntaxError as e:
         where = f" at line {e.lineno}" if e.lineno else ""
         raise SASError(f"{path}: syntax error in pattern script{where}: {e.msg}") from e
@@ -120,6 +120,20 @@ def _load_script(path: Path) -> Pattern:
         raise SASError(f"{path}: 'pattern' must be a sas pattern (Rect, Diag, Dynamic, ...), "
                        f"got {type(pattern).__name__}")
     return pattern
+
+
+def _located(e: SASError, path: Path) -> SASError:
+    """`e` with the script and its line in front of the message ("script.py, line 3: ..."), as the
+    same exception type where it takes a message alone (else a plain SASError)."""
+    message = str(e)
+    if message.startswith(str(path)):
+        return e
+    line = _script_line(e, path).replace(" at line", ", line")
+    try:
+        located = type(e)(f"{path}{line}: {message}")
+    except TypeError:
+        located = SASError(f"{path}{line}: {message}")
+    return located
 
 
 def _script_line(e: BaseException, path: Path) -> str:
