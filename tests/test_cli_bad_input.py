@@ -297,3 +297,25 @@ def test_an_internal_error_is_not_dressed_up_as_a_user_error(monkeypatch):
     monkeypatch.setattr(main, "analyze", broken)
     r = run("inspect", EXAMPLES / "sliding_window.py")
     assert isinstance(r.exception, ZeroDivisionError) and "error:" not in r.stderr
+
+
+@pytest.mark.parametrize("command, module, extras", [
+    (["generate", EXAMPLES / "streaming_llm.py", "hi"], "transformers", "kernels,models"),
+    (["train", EXAMPLES / "saap.py", "-o", "state.safetensors"], "torch", "kernels,models"),
+])
+def test_missing_extra_is_one_line(command, module, extras, monkeypatch, tmp_path):
+    """A command whose optional dependency is not installed says which extra installs it, in one
+    `error:` line with exit code 2, not an ImportError traceback."""
+    monkeypatch.setitem(sys.modules, module, None)   # `import module` raises ModuleNotFoundError
+    r = run(*command, cwd=tmp_path)
+    assert r.exit_code == 2, r.output
+    assert f"needs the Python package '{module}'" in r.stderr and f"pip install 'sas[{extras}]'" in r.stderr
+    assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_unknown_module_keeps_its_traceback():
+    """Only the optional dependencies of pyproject's extras become a user error; any other
+    missing module is a bug."""
+    assert main._missing_extra(ModuleNotFoundError("x", name="no_such_module"), "inspect") is None
+    error = main._missing_extra(ModuleNotFoundError("x", name="triton.language"), "compile")
+    assert error is not None and "pip install 'sas[kernels]'" in error.format_message()
