@@ -148,6 +148,28 @@ def test_non_causal_patterns_are_refused_for_decode(p, n):
         analyze(p, n)
 
 
+@pytest.mark.parametrize("p, n", [(Rect(rows=(12, 20), stride=(5, 20), offset=(3, 1)), 17),
+                                  (Diag(-3, None, stride=5), 3), (Rect(rows=(2, None)), 3)])
+def test_causal_within_max_len_is_analysed(p, n):
+    """Patterns that attend a key after its query only at positions >= max_len are causal on every
+    position that occurs: analysed (as pattern * Causal()), not refused (found by a fuzzer)."""
+    mask = p.to_mask(n)
+    assert not np.triu(mask, 1).any() and np.triu(p.to_mask(n + 30), 1).any()
+    a = analyze(p, n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns(max_depth=3), st.integers(1, 80))
+def test_random_patterns_causal_within_max_len_are_analysed(p, n):
+    mask = p.to_mask(n)
+    assume(mask.any() and not np.triu(mask, 1).any())   # causal within n, whatever it does beyond
+    a = analyze(p, n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16K", None])
 def test_bad_max_len(bad):
     with pytest.raises(SASError, match="max_len"):

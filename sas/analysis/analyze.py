@@ -22,6 +22,7 @@ from sas.analysis.slots import (Scheme, TableScheme, cache_ids, choose_scheme, g
 from sas.errors import AnalysisError, EmptyPatternError
 from sas.ir.periodicity import Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
+from sas.lang.primitives import Causal
 from sas.limits import check_host_bytes
 
 #: Up to this length a per-token table is preferred to a padded closed form (more slots than
@@ -161,6 +162,16 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:
         bad = upper_triangle_clear(pattern, st)
+        if bad is not None and max(bad) >= n:
+            # The structure's rows reach past the sequence; what counts is [0, max_len)^2. Causal
+            # there, the pattern equals pattern * Causal() on every position that occurs.
+            bad = non_causal_cell(pattern, n)
+            if bad is None:
+                pattern = (pattern * Causal()).restrict(n)
+                st = structure(pattern).within(n)
+                notes.append(f"the pattern attends keys after their query only at positions >= max_len={n}: "
+                             f"analysed as {pattern!r}")
+                bad = upper_triangle_clear(pattern, st) if st.periodic else non_causal_cell(pattern, n)
         if bad is not None:
             raise AnalysisError(
                 f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
