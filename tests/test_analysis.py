@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sas import Causal, Diag, Rect, analyze
 from sas.errors import AnalysisError, SASError
+from sas.ir.periodicity import structure
 
 from analysis_checks import (brute_cache_size, brute_last_use, c_semantics_functions,
                              decode_with_functions)
@@ -166,6 +167,24 @@ def test_random_patterns_causal_within_max_len_are_analysed(p, n):
     mask = p.to_mask(n)
     assume(mask.any() and not np.triu(mask, 1).any())   # causal within n, whatever it does beyond
     a = analyze(p, n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+
+
+@pytest.mark.parametrize("n", [64, 200])
+def test_vertical_period_longer_than_max_len_is_cut(n):
+    """Strides whose least common multiple (a vertical period of 87360 rows) dwarfs max_len: the
+    analysis reads distances up to max_len, not the period (3-9 s before at max_len 64-200, found
+    by a fuzzing helper), and stays exact."""
+    p = ((Diag(-5, None, stride=2) + Rect(rows=(0, 4), cols=(0, 24))
+          + Rect(rows=(11, None), cols=(7, 48), stride=(7, 5), offset=(3, 2)))
+         * ((Diag(-28, None, stride=65) * (Rect(rows=(None, 55), cols=(29, None), stride=(64, 3), offset=(16, 0))
+                                           + Rect(rows=(45, 53), cols=(40, 73), stride=(3, 5), offset=(2, 0))))
+            + ~Diag(41, 43, stride=65)) * Causal())
+    assert structure(p.restrict(n)).Qv > 1000
+    a = analyze(p, n)
+    assert a.structure.Qv <= n and a.structure.Qh <= n
+    mask = p.to_mask(n)
     assert a.cache_size == brute_cache_size(mask)
     decode_with_functions(a, mask)
 

@@ -44,10 +44,22 @@ class Structure:
         period pass n (a period longer than the sequence, e.g. the least common multiple of two
         chunk sizes), the period becomes n - T. No key of such a sequence has a later copy in
         its class then, so the diagonal guarantee holds vacuously, and the analysis reads
-        min(T + P, n) columns instead of T + P. n = None (any length): unchanged."""
-        if n is None or not self.periodic or self.T + self.P <= n:
+        min(T + P, n) columns instead of T + P. Likewise a vertical (or horizontal) period longer
+        than n, e.g. the least common multiple of several strides, becomes n: a column's pattern
+        at distances d >= Dv then claims to repeat at d + n, a distance no query of the sequence
+        reaches, and the analysis reads distances up to Dv + n instead of Dv + Qv.
+        n = None (any length): unchanged."""
+        if n is None or not self.periodic:
             return self
-        return replace(self, P=max(int(n) - self.T, 1))
+        n = int(n)
+        changes = {}
+        if self.T + self.P > n:
+            changes["P"] = max(n - self.T, 1)
+        if self.Qv > n:
+            changes["Qv"] = n
+        if self.Qh > n:
+            changes["Qh"] = n
+        return replace(self, **changes) if changes else self
 
     @property
     def window(self) -> int:
