@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +182,19 @@ def test_window_h2o_example_keeps_its_dynamic_component():
     assert pattern == Diag(0, 2) + Diag(2, 6) * Dynamic(2, ops.attn_score().sum(dim=1), refresh=False)
     (dyn,) = pattern.dynamics()
     assert dyn.budget == 2 and dyn.refresh is False
+
+
+def test_a_sas_file_with_a_byte_order_mark(tmp_path):
+    """A UTF-8 .sas file saved with a byte-order mark loads like one without (as a .py script
+    does); found by a fuzzing helper."""
+    path = tmp_path / "bom.sas"
+    path.write_bytes(b"\xef\xbb\xbf" + b"pattern = Diag(0, 4) * Causal()\n")
+    assert load_pattern(path) == load_pattern(write(tmp_path, "plain.sas", "pattern = Diag(0, 4) * Causal()\n"))
+
+
+def test_a_script_cannot_change_the_callers_recursion_limit(tmp_path):
+    limit = sys.getrecursionlimit()
+    path = write(tmp_path, "p.py", f"import sys\nsys.setrecursionlimit({limit + 321})\nfrom sas import Diag\n"
+                                   f"pattern = Diag(0, 4)\n")
+    load_pattern(path)
+    assert sys.getrecursionlimit() == limit

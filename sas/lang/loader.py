@@ -78,8 +78,9 @@ def _isolated_imports(folder: Path) -> Iterator[None]:
     """Let code import the modules in `folder` as its own, and only while it runs: modules of
     the same names imported before are hidden meanwhile and put back afterwards; the modules
     it imports from `folder` are dropped (others, such as torch, stay imported); `sys.path` is
-    restored."""
+    restored, and so is the recursion limit (a script that lowers it would break the caller)."""
     saved_path = list(sys.path)
+    saved_limit = sys.getrecursionlimit()
     before = set(sys.modules)
     local = _local_module_names(folder)
     hidden = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".", 1)[0] in local}
@@ -88,6 +89,7 @@ def _isolated_imports(folder: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        sys.setrecursionlimit(saved_limit)
         sys.path[:] = saved_path
         new = [name for name in sys.modules if name not in before or name in hidden]
         ours = {top for top in {name.split(".", 1)[0] for name in new}
@@ -147,7 +149,7 @@ def _script_line(e: BaseException, path: Path) -> str:
 def _load_text(path: Path) -> Pattern:
     """Parse a `.sas` file and return its pattern."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")   # a byte-order mark is not part of the text
     except UnicodeDecodeError as e:
         raise SASError(f"{path}: a .sas file must be UTF-8 text ({e.reason} at byte {e.start})") from None
     return load_sas(text, str(path))
