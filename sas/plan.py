@@ -221,6 +221,11 @@ def causal_within(pattern: Pattern, n: int) -> bool:
     return non_causal_cell(pattern, n) is None
 
 
+#: what the runtime reads of an analysis given to make_plan (an `Analysis`, or an object with
+#: these attributes: the tests hand-build table-driven ones)
+ANALYSIS_FIELDS = ("pattern", "max_len", "cache_size", "functions")
+
+
 def make_plan(pattern: Pattern, max_len: int, *, head_dim: int | None = None, num_heads: int | None = None,
               num_kv_heads: int | None = None, dtype: Any = None,
               prefill_options: PrefillOptions | None = None, decode_options: DecodeOptions | None = None,
@@ -262,6 +267,10 @@ def make_plan(pattern: Pattern, max_len: int, *, head_dim: int | None = None, nu
                     dynamic_error=why, **common)
     causal = causal_within(pattern, max_len)
     error: SASError | None = None
+    missing = [a for a in ANALYSIS_FIELDS if not hasattr(analysis, a)] if analysis is not None else []
+    if missing:
+        raise KernelError(f"make_plan: analysis must be the result of sas.analyze(pattern, max_len) (or None), got "
+                          f"{type(analysis).__name__} without {', '.join(missing)}")
     if analysis is not None:
         got = getattr(analysis, "max_len", max_len)
         if got != max_len or getattr(analysis, "pattern", pattern) != pattern:

@@ -161,6 +161,25 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
     # code generation
     ("int constant beyond int64", lambda: Lowering({}).value(ast.Constant(1 << 70)), KernelError,
      ("1180591620717411303424", "int64")),
+    # SASAttnKernel arguments (found by a fuzzing helper: raw AttributeError / TypeError /
+    # RuntimeError, or accepted and wrong)
+    ("SASAttnKernel analysis='x'", lambda: _kernel(analysis="x"), KernelError, ("analysis", "sas.analyze", "str")),
+    ("new_cache dtype=int32", lambda: _kernel().new_cache(1, 1, 16, dtype=torch.int32), KernelError,
+     ("dtype", "torch.int32")),
+    ("new_cache dtype='x'", lambda: _kernel().new_cache(1, 1, 16, dtype="x"), KernelError, ("dtype", "'x'")),
+    ("new_cache device='bogus'", lambda: _kernel().new_cache(1, 1, 16, device="bogus"), KernelError,
+     ("device", "'bogus'")),
+    ("kv_cache_bytes batch=-1", lambda: _kernel().kv_cache_bytes(-1, 1, 16), KernelError, ("batch", "-1")),
+    ("kv_cache_bytes dtype='x'", lambda: _kernel().kv_cache_bytes(1, 1, 16, "x"), KernelError, ("dtype", "'x'")),
+    ("prefill of batch 0", lambda: _kernel(backend="torch").prefill(*[torch.zeros(0, 1, 8, 16)] * 3), KernelError,
+     ("q", "batch, heads and head_dim", "at least 1")),
+    ("prefill of head_dim 0", lambda: _kernel(backend="torch").prefill(*[torch.zeros(1, 1, 8, 0)] * 3),
+     KernelError, ("head_dim", "at least 1")),
+    ("prefill of meta tensors", lambda: _kernel().prefill(*[torch.zeros(1, 1, 8, 16, device="meta")] * 3),
+     KernelError, ("meta", "CPU or CUDA")),
+    ("decode into an expanded cache", lambda: _kernel()(*[torch.zeros(1, 1, 1, 16)] * 3,
+                                                        *[torch.zeros(1, 1, 1, 16).expand(1, 1, 8, 16)] * 2,
+                                                        position=0), KernelError, ("past_k", "broadcast view")),
     # .sas text
     ("5000-digit literal", lambda: load_sas("p = Diag(" + "9" * 5000 + ", 3)"), ParseError,
      ("out of range", "5000 characters", "2**63", "line 1", "column 10")),
@@ -174,6 +193,11 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
         "a = Diag(0, 4)\np = " + "a * (a + (" * 1000 + "a" + "))" * 1000), ParseError,
      ("nested", "limit is 100", "line 2")),
 ]
+
+
+def _kernel(**kw: Any):
+    from sas.runtime import SASAttnKernel
+    return SASAttnKernel(Diag(0, 8) * Causal(), max_len=64, **kw)
 
 
 @pytest.mark.parametrize("what,call,error,words", BAD, ids=[row[0] for row in BAD])

@@ -21,6 +21,11 @@ def check_tensors(where: str, **tensors: torch.Tensor) -> None:
             raise KernelError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise KernelError(f"{where}: {name} must be 4-D [batch, heads, seq, head_dim], got shape {tuple(t.shape)}")
+        if 0 in t.shape[:2] or t.shape[3] == 0:
+            raise KernelError(f"{where}: {name} has shape {tuple(t.shape)}; batch, heads and head_dim must be at "
+                              f"least 1")
+        if t.device.type not in ("cpu", "cuda"):
+            raise KernelError(f"{where}: {name} is on {t.device}; the kernels run on CPU or CUDA tensors")
         if first is None:
             first_name, first = name, t
             if t.dtype not in SUPPORTED_DTYPES:
@@ -68,6 +73,10 @@ def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch
                               f"{list(want)}, got {list(c.shape)}")
         if c.stride(3) != 1:
             raise KernelError(f"{where}: {name} must be contiguous in head_dim")
+        if any(c.stride(d) == 0 for d in range(3) if c.shape[d] > 1):
+            raise KernelError(f"{where}: {name} is a broadcast view (stride 0 in a dimension of size > 1, e.g. "
+                              f"from .expand): its slots alias one another; pass a tensor of its own, e.g. "
+                              f"kernel.new_cache(...) or .clone()")
 
 
 def check_position(where: str, position: object, max_len: int) -> int:

@@ -35,7 +35,8 @@ from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
-from sas.runtime.checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
+from sas.runtime.checks import (SUPPORTED_DTYPES, check_cache, check_one_token, check_position, check_qkv,
+                               check_tensors)
 from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
@@ -339,6 +340,14 @@ class SASAttnKernel(torch.nn.Module):
         for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
                 raise KernelError(f"{where}: {name} must be a positive integer, got {x!r}")
+        if dtype not in SUPPORTED_DTYPES:
+            raise KernelError(f"{where}: dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as e:
+                raise KernelError(f"{where}: device must be a torch device such as 'cpu' or 'cuda:0', got "
+                                  f"{device!r} ({e})") from None
         return self._session.runtime.new_cache(batch, num_kv_heads, head_dim, dtype, device)
 
     def fill_cache(self, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
@@ -371,7 +380,12 @@ class SASAttnKernel(torch.nn.Module):
             dtype = kc.dtype if dtype is None else dtype
         if None in (batch, num_kv_heads, head_dim):
             raise KernelError(f"{what}: no cache yet; call prefill first or pass batch, num_kv_heads and head_dim")
+        for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+                raise KernelError(f"{what}: {name} must be a positive integer, got {x!r}")
         dtype = torch.bfloat16 if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype):
+            raise KernelError(f"{what}: dtype must be a torch.dtype, got {dtype!r}")
         return batch * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def kv_cache_bytes(self, batch: int | None = None, num_kv_heads: int | None = None,
