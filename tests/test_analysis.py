@@ -189,6 +189,25 @@ def test_vertical_period_longer_than_max_len_is_cut(n):
     decode_with_functions(a, mask)
 
 
+def test_boundary_longer_than_max_len_is_cut():
+    """A composition whose boundary T (320) passes max_len (64): the analysis keeps no shapes for
+    keys that never occur, so its functions hold no 320-entry tuple (the lowering refused it: the
+    pattern could not run on either backend; found by a fuzzing helper), and stays exact."""
+    p = (Rect(rows=(1, 4), cols=(0, 2), stride=(1, 2)) >> (Rect(rows=(4, 5), cols=(0, 3)) >> Rect(size=(4, 16)))) \
+        * Causal()
+    assert structure(p.restrict(64)).T > 64
+    a = analyze(p, 64)
+    assert a.structure.T <= 64
+    mask = p.to_mask(64)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+    from sas.codegen.lower_triton import lower_function
+    from sas.codegen.triton_backend import find_function, table_refs
+    for name in ("cache_id_func", "mask_func"):   # lowers (a tuple of more than 256 items would not)
+        lower_function(find_function(a.functions, name), ["pos"] if name == "cache_id_func" else ["slot", "pos"],
+                       table_refs(dict(a.tables)), module=a.functions, prefix="t_")
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16K", None])
 def test_bad_max_len(bad):
     with pytest.raises(SASError, match="max_len"):

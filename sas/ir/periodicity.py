@@ -40,9 +40,10 @@ class Structure:
     col_period: int | None = None
 
     def within(self, n: int | None) -> "Structure":
-        """The description as sequences of at most n tokens see it: where the boundary and one
-        period pass n (a period longer than the sequence, e.g. the least common multiple of two
-        chunk sizes), the period becomes n - T. No key of such a sequence has a later copy in
+        """The description as sequences of at most n tokens see it: a boundary T past n ends at
+        n (its keys from n on never occur); where the boundary and one period pass n (a period
+        longer than the sequence, e.g. the least common multiple of two chunk sizes), the period
+        becomes n - T. No key of such a sequence has a later copy in
         its class then, so the diagonal guarantee holds vacuously, and the analysis reads
         min(T + P, n) columns instead of T + P. Likewise a vertical (or horizontal) period longer
         than n, e.g. the least common multiple of several strides, becomes n: a column's pattern
@@ -53,8 +54,10 @@ class Structure:
             return self
         n = int(n)
         changes = {}
-        if self.T + self.P > n:
-            changes["P"] = max(n - self.T, 1)
+        if self.T > n:   # keys past the sequence have no shapes to keep: the boundary ends at n
+            changes["T"] = n
+        if min(self.T, n) + self.P > n:
+            changes["P"] = max(n - min(self.T, n), 1)
         if self.Qv > n:
             changes["Qv"] = n
         if self.Qh > n:
