@@ -51,13 +51,12 @@ def staged(source: str, stages: int) -> tuple[str, str]:
         f"tl.range/{stages}"
 
 
-def prefetched(source: str) -> tuple[str, str]:
-    """`source` with the static decode's slot loop (skip mode "none") loading the next slot
-    block's K and V into registers before it computes on the current one (a register double
-    buffer: the loads of block i + 1 are in flight during block i's arithmetic)."""
+def _loop_parts(source: str):
+    """(lines, first line of the slot loop, line after it, its body, the slot-mask lines) of a
+    static decode module of skip mode "none"; None for the other skip modes."""
     lines = source.splitlines(keepends=True)
     if LOOP not in lines or 'SKIP_MODE = "none"\n' not in lines:
-        return source, "prefetch"  # (blocks are skipped in a branch: left as rendered)
+        return None
     i = lines.index(LOOP)
     j = i + 1
     while j < len(lines) and (lines[j].startswith("        ") or not lines[j].strip()):
@@ -66,8 +65,18 @@ def prefetched(source: str) -> tuple[str, str]:
     strip = [ln.strip() for ln in body]
     a = strip.index("slot = s0 + offs_n")
     b = next(n for n, ln in enumerate(strip) if ln.startswith("attend = "))
-    c = next(n for n, ln in enumerate(strip) if ln.startswith("v = tl.where(is_new"))
-    mask = body[a + 1:b + 1]
+    return lines, i, j, body, body[a + 1:b + 1]
+
+
+def prefetched(source: str) -> tuple[str, str]:
+    """`source` with the static decode's slot loop (skip mode "none") loading the next slot
+    block's K and V into registers before it computes on the current one (a register double
+    buffer: the loads of block i + 1 are in flight during block i's arithmetic)."""
+    parts = _loop_parts(source)
+    if parts is None:
+        return source, "prefetch"  # (blocks are skipped in a branch: left as rendered)
+    lines, i, j, body, mask = parts
+    c = next(n for n, ln in enumerate(body) if ln.strip().startswith("v = tl.where(is_new"))
     rest = body[c + 1:]
     kl = "tl.load(kc + slot[None, :] * stride_kc_s + offs_d[:, None] * stride_kc_d, mask=att_nx[None, :], other=0.0)"
     vl = "tl.load(vc + slot[:, None] * stride_vc_s + offs_d[None, :] * stride_vc_d, mask=att_nx[:, None], other=0.0)"
@@ -90,18 +99,10 @@ def lanes(source: str, transposed: bool | str = False) -> tuple[str, str]:
     head dimension, inside a warp); the lanes are merged once after the loop. `transposed`: K
     and V both loaded as [HEAD_DIM, BLOCK_N] instead ("qfix": and the new token's q.k patched
     into the products rather than its key into the tile)."""
-    lines = source.splitlines(keepends=True)
-    if LOOP not in lines or 'SKIP_MODE = "none"\n' not in lines:
+    parts = _loop_parts(source)
+    if parts is None:
         return source, "lanes"  # (blocks are skipped in a branch: left as rendered)
-    i = lines.index(LOOP)
-    j = i + 1
-    while j < len(lines) and (lines[j].startswith("        ") or not lines[j].strip()):
-        j += 1
-    body = lines[i + 1:j]
-    strip = [ln.strip() for ln in body]
-    a = strip.index("slot = s0 + offs_n")
-    b = next(n for n, ln in enumerate(strip) if ln.startswith("attend = "))
-    mask = body[a + 1:b + 1]
+    lines, i, j, _, mask = parts
     if transposed:
         return _lanes_dn(lines, i, j, mask, qfix=transposed == "qfix")
     new = ["    m_l = tl.full([BLOCK_N], float(\"-inf\"), dtype=tl.float32)\n",
