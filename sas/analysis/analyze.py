@@ -154,9 +154,9 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         notes.append(f"parameters larger than max_len={n} clamped (exact on positions < {n}): analysed as {pattern!r}")
     st = structure(pattern)
     seen = st.within(n)
-    if seen.P != st.P:
+    if (seen.T, seen.P) != (st.T, st.P):
         notes.append(f"the period {st.P} (from boundary {st.T}) is longer than max_len={n}: no key repeats within "
-                     f"the sequence, analysed with period {seen.P}")
+                     f"the sequence, analysed with period {seen.P} from boundary {seen.T}")
     if (seen.Qv, seen.Qh) != (st.Qv, st.Qh):
         notes.append(f"the vertical / horizontal periods {st.Qv} / {st.Qh} are longer than max_len={n}: no row "
                      f"or column repeats within the sequence, analysed with {seen.Qv} / {seen.Qh}")

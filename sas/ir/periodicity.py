@@ -40,15 +40,18 @@ class Structure:
     col_period: int | None = None
 
     def within(self, n: int | None) -> "Structure":
-        """The description as sequences of at most n tokens see it: a boundary T past n ends at
-        n (its keys from n on never occur); where the boundary and one period pass n (a period
-        longer than the sequence, e.g. the least common multiple of two chunk sizes), the period
-        becomes n - T. No key of such a sequence has a later copy in
-        its class then, so the diagonal guarantee holds vacuously, and the analysis reads
-        min(T + P, n) columns instead of T + P. Likewise a vertical (or horizontal) period longer
-        than n, e.g. the least common multiple of several strides, becomes n: a column's pattern
-        at distances d >= Dv then claims to repeat at d + n, a distance no query of the sequence
-        reaches, and the analysis reads distances up to Dv + n instead of Dv + Qv.
+        """The description as sequences of at most n tokens see it.
+
+        - A boundary T past n ends at n: its keys from n on never occur.
+        - Where the boundary and one period pass n (a period longer than the sequence, e.g. the
+          least common multiple of two chunk sizes), the period becomes n - T. No key of such a
+          sequence has a later copy in its class then, so the diagonal guarantee holds
+          vacuously, and the analysis reads min(T + P, n) columns instead of T + P.
+        - A vertical (or horizontal) period longer than n, e.g. the least common multiple of
+          several strides, becomes n: a column's pattern at distances d >= Dv then claims to
+          repeat at d + n, a distance no query of the sequence reaches, and the analysis reads
+          distances up to Dv + n instead of Dv + Qv.
+
         n = None (any length): unchanged."""
         if n is None or not self.periodic:
             return self

@@ -24,8 +24,9 @@ def check_tensors(where: str, **tensors: torch.Tensor) -> None:
         if 0 in t.shape[:2] or t.shape[3] == 0:
             raise KernelError(f"{where}: {name} has shape {tuple(t.shape)}; batch, heads and head_dim must be at "
                               f"least 1")
-        if t.device.type not in ("cpu", "cuda"):
-            raise KernelError(f"{where}: {name} is on {t.device}; the kernels run on CPU or CUDA tensors")
+        if t.device.type == "meta":
+            raise KernelError(f"{where}: {name} is a meta tensor (a shape without data); pass tensors on the "
+                              f"device that runs the kernels")
         if first is None:
             first_name, first = name, t
             if t.dtype not in SUPPORTED_DTYPES:
