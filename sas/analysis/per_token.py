@@ -17,8 +17,10 @@ here from the runs of attended cells along the columns, derived from the pattern
      one such pass over its columns);
   3. the keys still left by windows going back from the end, `[n - 5W, n - W)` after
      `[n - W, n)` and so on (each `GROWTH` times the last): first along the rows, all keys
-     at once, while the windows hold few runs of few cells (`ROW_CELLS_PER_KEY * n` cells in
-     all: columns attended all along by a long stride are resolved in O(n) cells), then along
+     at once, while the windows hold few runs (`ROW_RUNS_PER_KEY * n` a window; each window's
+     last uses from its runs by a range maximum over a segment tree, O(runs log n + n): columns
+     attended all along by a long stride, or rows holding one long run each, are resolved in
+     O(n log n)), then along
      the columns left, until a window holds a run (its end is the last use) or reaches the
      diagonal (the key is never attended), with step 2 tried again on the columns left after
      each window that resolved some.
@@ -30,7 +32,7 @@ here from the runs of attended cells along the columns, derived from the pattern
   empty (a product with `Causal()` is bounded by it first: no run is built there).
 
 Memory is O(chunk + n): the `n` last uses and the runs of one chunk (along rows: at most
-`CHUNK_RUNS` runs and `ROW_CELLS_PER_KEY * n` cells). A window whose runs pass `CHUNK_RUNS` is split in halves (a
+`CHUNK_RUNS` runs, and a segment tree of 2n entries). A window whose runs pass `CHUNK_RUNS` is split in halves (a
 single column past it raises `AnalysisError`); past `TOTAL_RUNS` runs read in all the search
 stops with an `AnalysisError` naming the numbers.
 """
@@ -73,10 +75,9 @@ WHOLE_FIRST = True
 GROWTH = 4
 #: Search the terms of a sum apart for the keys that steps 1 and 2 leave.
 DISTRIBUTE = True
-#: Step 3 along the rows first, while its windows hold few runs (`ROW_RUNS_PER_KEY`) and at
-#: most `ROW_CELLS_PER_KEY * n` cells in all.
+#: Step 3 along the rows first, while its windows hold few runs (`ROW_RUNS_PER_KEY`); the keys
+#: a window settles come from its runs by a range maximum (`range_max`), never cell by cell.
 ROW_WINDOWS = True
-ROW_CELLS_PER_KEY = 2
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -160,11 +161,9 @@ def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
 def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: np.ndarray,
                  count: Callable[[int], None]) -> tuple[int, int]:
     """Windows of rows going back from `end` (each `GROWTH` times the last), read along the
-    rows while they hold few runs of few cells in all (`ROW_RUNS_PER_KEY`, `ROW_CELLS_PER_KEY`
-    times n): every key they attend (above its `base`) is settled. Returns the end and width
-    of the next window (for the columns)."""
+    rows while each holds few runs (`ROW_RUNS_PER_KEY` times n): every key they attend (above
+    its `base`) is settled. Returns the end and width of the next window (for the columns)."""
     n = len(out)
-    cells_left = int(ROW_CELLS_PER_KEY * n)
     while end > 0 and bool((base < end).any()):
         top = max(0, end - width)
         rows = np.arange(top, end, dtype=_I64)
@@ -173,22 +172,44 @@ def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: 
                           limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
         except AnalysisError:
             break
-        length = r.stop - r.start
-        total = int(length.sum())
-        if total > cells_left:
-            break
-        cells_left -= total
         count(len(r))
-        if total:
-            run = np.repeat(np.arange(len(r), dtype=_I64), length)
-            key = r.start[run] + np.arange(total, dtype=_I64) - (np.cumsum(length) - length)[run]
-            row = rows[r.line[run]]
-            left = base[key] < end                      # keys not settled yet
-            key, row = key[left], row[left]
-            np.maximum.at(out, key, row)
+        if len(r):
+            last = range_max(n, r.start, r.stop, rows[r.line])
+            key = np.flatnonzero((last >= 0) & (base < end))     # attended here, not settled yet
+            out[key] = np.maximum(out[key], last[key])
             base[key] = n
         end, width = top, GROWTH * width
     return end, width
+
+
+def range_max(n: int, start: np.ndarray, stop: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """out[j] (j < n) = the largest `value` of the runs [start, stop) covering j, -1 where none
+    does (values >= 0): each run is put on the O(log n) nodes of a segment tree that tile it,
+    then the maxima are pushed down to the leaves. O(runs log n + n), whatever the runs'
+    lengths."""
+    size = 1
+    while size < n:
+        size *= 2
+    tree = np.full(2 * size, -1, dtype=_I64)
+    lo, hi, v = start.astype(_I64) + size, stop.astype(_I64) + size, value.astype(_I64)
+    keep = lo < hi
+    lo, hi, v = lo[keep], hi[keep], v[keep]
+    while len(lo):
+        odd = (lo & 1) == 1                      # a left end that is a right child: take it
+        np.maximum.at(tree, lo[odd], v[odd])
+        lo = lo + odd
+        odd = ((hi & 1) == 1) & (lo < hi)        # a right end past a left child: take that child
+        hi = hi - odd
+        np.maximum.at(tree, hi[odd], v[odd])
+        lo, hi = lo >> 1, hi >> 1
+        keep = lo < hi
+        lo, hi, v = lo[keep], hi[keep], v[keep]
+    width = 1
+    while width < size:                          # push down, one depth at a time
+        child = np.arange(2 * width, 4 * width, dtype=_I64)
+        tree[child] = np.maximum(tree[child], tree[child >> 1])
+        width *= 2
+    return tree[size:size + n]
 
 
 def _sum_terms(p: Pattern) -> list[Pattern]:
@@ -301,5 +322,5 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
 
 
 __all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH",
-           "ROWS_FIRST", "ROW_CELLS_PER_KEY", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
-           "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell"]
+           "ROWS_FIRST", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
+           "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell", "range_max"]
