@@ -51,6 +51,15 @@ def staged(source: str, stages: int) -> tuple[str, str]:
         f"tl.range/{stages}"
 
 
+#: one online-softmax step per slot lane (qk, m_l, l_l: [BLOCK_N]), shared by both lane loops
+_LANE_SOFTMAX = ["        qk = tl.where(attend, qk, float(\"-inf\"))\n",
+                 "        m_new = tl.maximum(m_l, qk)\n",
+                 "        m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
+                 "        p = tl.math.exp2(qk - m_use)\n",
+                 "        alpha = tl.math.exp2(m_l - m_use)\n",
+                 "        l_l = l_l * alpha + p\n"]
+
+
 def _loop_parts(source: str):
     """(lines, first line of the slot loop, line after it, its body, the slot-mask lines) of a
     static decode module of skip mode "none"; None for the other skip modes."""
@@ -116,12 +125,7 @@ def lanes(source: str, transposed: bool | str = False) -> tuple[str, str]:
         "        v = tl.load(vc + slot[:, None] * stride_vc_s + offs_d[None, :] * stride_vc_d, mask=attend[:, None], other=0.0)\n",
         "        v = tl.where(is_new[:, None], v_new[None, :], v)\n",
         "        qk = tl.sum(k.to(tl.float32) * qv[None, :], 1)\n",
-        "        qk = tl.where(attend, qk, float(\"-inf\"))\n",
-        "        m_new = tl.maximum(m_l, qk)\n",
-        "        m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
-        "        p = tl.math.exp2(qk - m_use)\n",
-        "        alpha = tl.math.exp2(m_l - m_use)\n",
-        "        l_l = l_l * alpha + p\n",
+    ] + _LANE_SOFTMAX + [
         "        acc_l = acc_l * alpha[:, None] + p[:, None] * v.to(tl.float32)\n",
         "        m_l = m_new\n",
         "    m_1 = tl.max(m_l, 0)\n",
@@ -152,12 +156,7 @@ def _lanes_dn(lines, i, j, mask, qfix: bool = False) -> tuple[str, str]:
         [] if qfix else fix) + [
         "        v = tl.where(is_new[None, :], v_new[:, None], v)\n",
         "        qk = tl.sum(k.to(tl.float32) * qv[:, None], 0)\n"] + (fix if qfix else []) + [
-        "        qk = tl.where(attend, qk, float(\"-inf\"))\n",
-        "        m_new = tl.maximum(m_l, qk)\n",
-        "        m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
-        "        p = tl.math.exp2(qk - m_use)\n",
-        "        alpha = tl.math.exp2(m_l - m_use)\n",
-        "        l_l = l_l * alpha + p\n",
+    ] + _LANE_SOFTMAX + [
         "        acc_l = acc_l * alpha[None, :] + p[None, :] * v.to(tl.float32)\n",
         "        m_l = m_new\n",
         "    m_1 = tl.max(m_l, 0)\n",
