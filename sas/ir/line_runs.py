@@ -17,10 +17,11 @@ number of cells: a column of a chunked-attention pattern with chunks of 64K toke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 import numpy as np
 
 from sas.errors import AnalysisError
-from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 COLUMN, ROW = 0, 1
@@ -248,7 +249,10 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         # never outnumber the coarsest term's, a band (`Causal()`) bounds the range of
         # everything after it, and a bounded strided Rect is read before an endless strided
         # Diag (which alone makes a run every few cells of every line).
-        terms = sorted(p.terms, key=lambda t: (not _single_run(t), _runs_bound(t), _fineness(t)))
+        merged = _merge_diags(p.terms)
+        if merged is None:                  # strided diagonals that share no diagonal
+            return _empty(m)
+        terms = sorted(merged, key=lambda t: (not _single_run(t), _runs_bound(t), _fineness(t)))
         acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
         for t in terms[1:]:
             if len(acc) == 0:
@@ -284,6 +288,40 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
     if isinstance(p, Spread):
         return _spread(p, axis, fixed, lo, hi, ctx)
     raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
+
+
+def _merge_diags(terms: tuple[Pattern, ...]) -> list[Pattern] | None:
+    """The terms of a product with its diagonals (`Diag`) merged into one: the distances
+    d = i - j they share are a band [largest offset, smallest end) on one residue class modulo
+    the least common multiple of the strides (the Chinese remainder theorem), or nothing (None).
+    Without this, two strided diagonals of different residues (`Diag(3, None, stride=7) *
+    Diag(2, None, stride=7)`) built a run for every cell of the first before finding the product
+    empty. Strides whose multiple passes the index range are left apart."""
+    diags = [t for t in terms if isinstance(t, Diag)]
+    if len(diags) < 2:
+        return list(terms)
+    o, end, t = diags[0].offset, _diag_end(diags[0]), diags[0].stride
+    for d in diags[1:]:
+        g = gcd(t, d.stride)
+        if (d.offset - o) % g:
+            return None                     # no distance is on both residue classes
+        step = t // g * d.stride
+        if step > MAX_INDEX:
+            return list(terms)
+        q = d.stride // g
+        k = (d.offset - o) // g * pow(t // g, -1, q) % q if q > 1 else 0
+        residue = (o + t * k) % step        # d = residue (mod step) on both diagonals
+        low = max(o, d.offset)
+        o, t = low + (residue - low) % step, step
+        ends = [x for x in (end, _diag_end(d)) if x is not None]
+        end = min(ends) if ends else None
+        if (end is not None and o >= end) or o >= MAX_INDEX:
+            return None                     # the first shared distance is past the band's end
+    return [Diag(o, None if end is None else end - o, t)] + [x for x in terms if not isinstance(x, Diag)]
+
+
+def _diag_end(d: Diag) -> int | None:
+    return None if d.size is None else d.offset + d.size
 
 
 def _bounded(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context,
