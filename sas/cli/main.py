@@ -26,6 +26,7 @@ from sas.analysis.analyze import analyze
 from sas.cli.empty_rows import EmptyRows, empty_rows
 from sas.errors import AnalysisError, EmptyPatternError, SASError
 from sas.lang.loader import load_pattern
+from sas.lang.ops import Fraction
 from sas.lang.pattern import Not
 from sas.lang.primitives import Rect
 
@@ -312,7 +313,7 @@ class DynamicInspection:
         """Keys the Dynamic selects a step at most: its budget, or for a run-time budget
         (`ops.fraction`) its count over the region's largest candidate set."""
         budget = self.plan.budget
-        return budget.keys(self.bound.cache_size) if hasattr(budget, "keys") else budget
+        return budget.keys(self.bound.cache_size) if isinstance(budget, Fraction) else budget
 
     @property
     def loaded_per_step(self) -> int:

@@ -112,7 +112,8 @@ def _load_script(path: Path) -> Pattern:
         where = f" at line {e.lineno}" if e.lineno else ""
         raise SASError(f"{path}: syntax error in pattern script{where}: {e.msg}") from e
     except (Exception, SystemExit) as e:  # KeyboardInterrupt still stops the caller
-        raise SASError(f"{path}: the pattern script failed{_script_line(e, path)}: "
+        line = _script_lineno(e, path)
+        raise SASError(f"{path}: the pattern script failed{f' at line {line}' if line else ''}: "
                        f"{type(e).__name__}: {e}") from e
     if "pattern" not in namespace:
         raise SASError(f"{path}: the script defines no module-level variable 'pattern'; "
@@ -130,20 +131,20 @@ def _located(e: SASError, path: Path) -> SASError:
     message = str(e)
     if message.startswith(str(path)):
         return e
-    line = _script_line(e, path).replace(" at line", ", line")
+    line = _script_lineno(e, path)
+    where = f"{path}, line {line}" if line else str(path)
     try:
-        located = type(e)(f"{path}{line}: {message}")
+        return type(e)(f"{where}: {message}")
     except TypeError:
-        located = SASError(f"{path}{line}: {message}")
-    return located
+        return SASError(f"{where}: {message}")
 
 
-def _script_line(e: BaseException, path: Path) -> str:
-    """' at line N' for the innermost traceback frame inside the script, else ''."""
+def _script_lineno(e: BaseException, path: Path) -> int | None:
+    """The line of the innermost traceback frame inside the script, else None."""
     target = os.path.realpath(path)
     lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
              if os.path.realpath(f.filename) == target]
-    return f" at line {lines[-1]}" if lines else ""
+    return lines[-1] if lines else None
 
 
 def _load_text(path: Path) -> Pattern:

@@ -337,9 +337,7 @@ class SASAttnKernel(torch.nn.Module):
         """Zeroed compact caches (k, v), each [batch, num_kv_heads, cache_size, head_dim]."""
         where = "SASAttnKernel.new_cache"
         self._static_cache(where)
-        for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
-                raise KernelError(f"{where}: {name} must be a positive integer, got {x!r}")
+        _check_geometry(where, batch, num_kv_heads, head_dim)
         if dtype not in SUPPORTED_DTYPES:
             raise KernelError(f"{where}: dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
         if device is not None:
@@ -380,9 +378,7 @@ class SASAttnKernel(torch.nn.Module):
             dtype = kc.dtype if dtype is None else dtype
         if None in (batch, num_kv_heads, head_dim):
             raise KernelError(f"{what}: no cache yet; call prefill first or pass batch, num_kv_heads and head_dim")
-        for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
-                raise KernelError(f"{what}: {name} must be a positive integer, got {x!r}")
+        _check_geometry(what, batch, num_kv_heads, head_dim)
         dtype = torch.bfloat16 if dtype is None else dtype
         if not isinstance(dtype, torch.dtype):
             raise KernelError(f"{what}: dtype must be a torch.dtype, got {dtype!r}")
@@ -398,6 +394,13 @@ class SASAttnKernel(torch.nn.Module):
                              head_dim: int | None = None, dtype: torch.dtype | None = None) -> int:
         """Bytes a dense cache of max_len positions would take."""
         return 2 * self.max_len * self._cache_geometry("dense_kv_cache_bytes", batch, num_kv_heads, head_dim, dtype)
+
+
+def _check_geometry(where: str, batch: Any, num_kv_heads: Any, head_dim: Any) -> None:
+    """batch, num_kv_heads and head_dim of a compact cache: positive integers."""
+    for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+            raise KernelError(f"{where}: {name} must be a positive integer, got {x!r}")
 
 
 __all__ = ["BACKENDS", "METHOD_RUNTIMES", "SASAttnKernel", "dynamic_runtime", "interpreting"]
