@@ -33,9 +33,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_dynamic_update import CONFIGS, D, DTYPE, N  # noqa: E402
+from ab_dynamic_update import CONFIGS, D, N  # noqa: E402
 from bench_kernels import copy_bandwidth, load_pattern, paired_ms  # noqa: E402
-from probe_store_last import dynamic_rows  # noqa: E402
+from probe_store_last import decode_each, dynamic_rows, print_dynamic_rows, static_cases  # noqa: E402
 
 from sas.codegen import triton_backend as tb  # noqa: E402
 from sas.runtime import SASAttnKernel  # noqa: E402
@@ -199,58 +199,38 @@ def async_copies(mod) -> int:
 
 def static_rows(names, configs, stages, alts, bw, rep, rounds, dev):
     rows = []
-    for cfg, B, Hq, Hkv in configs:
-        g = torch.Generator(device=dev).manual_seed(0)
-        q = torch.randn(B, Hq, 1, D, device=dev, dtype=DTYPE, generator=g)
-        kd = torch.randn(B, Hkv, 1, D, device=dev, dtype=DTYPE, generator=g)
-        vd = torch.randn(B, Hkv, 1, D, device=dev, dtype=DTYPE, generator=g)
-        for name in names:
-            base = SASAttnKernel(load_pattern(name), max_len=N)
-            k = torch.randn(B, Hkv, N, D, device=dev, dtype=DTYPE, generator=g)
-            v = torch.randn_like(k)
-            kc, vc = base.new_cache(B, Hkv, D, DTYPE, dev)
-            base.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
-            del k, v
-            floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
-            default = base.plan.decode_config(Hq // Hkv)
-            for label, o in [("default", default)] + [
-                    (f"bn={bn} w={w} bps={bps}" + (" dot" if dot else ""),
-                     dataclasses.replace(default, block_n=bn, num_warps=w, blocks_per_split=bps, mha_dot=bool(dot)))
-                    for bn, w, bps, dot in (alts if Hq == Hkv else ())]:
-                kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
-                src = tb.render_decode(kern.plan.analysis, o)
-                kerns, labels = [kern], ["range"]
-                for s in stages:
-                    vsrc, lab = (staged(src, s) if s > 0 else prefetched(src) if s == 0
-                                 else lanes(src, transposed={-1: False, -2: True, -3: "qfix"}[s]))
-                    var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
-                    var.runtime._decode_mods[o] = tb.load_source(vsrc, "sas_decode_stages_probe")
-                    kerns.append(var)
-                    labels.append(lab)
-                fns, outs = [], []
-                for kk in kerns:
-                    c = (kc.clone(), vc.clone())
-                    out = torch.empty_like(q)
-                    kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out)
-                    outs.append((out, c[0], c[1]))
-                    fns.append(lambda kk=kk, c=c, out=out: kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out))
-                torch.cuda.synchronize()
-                same = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0], o2))
-                if not same:  # (lanes sum in another order: outputs within bf16 rounding, caches equal)
-                    err = max((o2[0].float() - outs[0][0].float()).abs().max().item() for o2 in outs[1:])
-                    caches = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0][1:], o2[1:]))
-                    same = f"out max diff {err:.1e}, caches equal {caches}"
-                copies = [f"{async_copies(kk.runtime.decode_module(o))} ({registers(kk.runtime.decode_module(o))})"
-                          for kk in kerns]
-                t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
-                rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, opts=label, labels=labels,
-                                 us=t, copies=copies, same=same))
-                print(f"static {cfg} {name} {label}: floor {floor:.2f} us; "
-                      + ", ".join(f"{lab} {u:.2f} ({c} cp.async)" for lab, u, c in zip(labels, t, copies))
-                      + f"; same={same}", flush=True)
-                del kerns, fns, outs
-            del kc, vc
-            torch.cuda.empty_cache()
+    for cfg, B, Hq, Hkv, q, kd, vd, name, base, kc, vc in static_cases(names, configs, dev):
+        floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
+        default = base.plan.decode_config(Hq // Hkv)
+        for label, o in [("default", default)] + [
+                (f"bn={bn} w={w} bps={bps}" + (" dot" if dot else ""),
+                 dataclasses.replace(default, block_n=bn, num_warps=w, blocks_per_split=bps, mha_dot=bool(dot)))
+                for bn, w, bps, dot in (alts if Hq == Hkv else ())]:
+            kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+            src = tb.render_decode(kern.plan.analysis, o)
+            kerns, labels = [kern], ["range"]
+            for s in stages:
+                vsrc, lab = (staged(src, s) if s > 0 else prefetched(src) if s == 0
+                             else lanes(src, transposed={-1: False, -2: True, -3: "qfix"}[s]))
+                var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+                var.runtime._decode_mods[o] = tb.load_source(vsrc, "sas_decode_stages_probe")
+                kerns.append(var)
+                labels.append(lab)
+            outs, fns = decode_each(kerns, q, kd, vd, kc, vc)
+            same = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0], o2))
+            if not same:  # (lanes sum in another order: outputs within bf16 rounding, caches equal)
+                err = max((o2[0].float() - outs[0][0].float()).abs().max().item() for o2 in outs[1:])
+                caches = all(torch.equal(a, b) for o2 in outs[1:] for a, b in zip(outs[0][1:], o2[1:]))
+                same = f"out max diff {err:.1e}, caches equal {caches}"
+            copies = [f"{async_copies(kk.runtime.decode_module(o))} ({registers(kk.runtime.decode_module(o))})"
+                      for kk in kerns]
+            t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
+            rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, opts=label, labels=labels,
+                             us=t, copies=copies, same=same))
+            print(f"static {cfg} {name} {label}: floor {floor:.2f} us; "
+                  + ", ".join(f"{lab} {u:.2f} ({c} cp.async)" for lab, u, c in zip(labels, t, copies))
+                  + f"; same={same}", flush=True)
+            del kerns, fns, outs
     return rows
 
 
@@ -282,9 +262,8 @@ def main() -> None:
     drows = []
     if not args.no_dynamic:
         dnames = [n for n in names if n != "causal"]
-        for s in stages:
-            drows += [dict(r, stages=s) for r in dynamic_rows(dnames, configs, 40, args.rounds, dev,
-                                                               transform=lambda src, s=s: staged(src, s))]
+        for s in (s for s in stages if s > 0):     # (the other variants rewrite the static decode only)
+            drows += dynamic_rows(dnames, configs, 40, args.rounds, dev, transform=lambda src, s=s: staged(src, s))
     print("\nStatic decode, us (CUDA-graph replay) and over the HBM floor: the template's `range` / "
           "`tl.range(num_stages=n)`; cp.async copies in the compiled TTGIR (split kernel registers / spills)\n")
     print("| config | pattern | slots | options | floor us | " + " | ".join(srows[0]["labels"]) + " | x floor | cp.async | same |")
@@ -294,12 +273,7 @@ def main() -> None:
         print(f"| {r['cfg']} | {r['name']} | {r['slots']} | {r['opts']} | {f:.2f} | "
               + " | ".join(f"{u:.2f}" for u in r["us"]) + " | " + " / ".join(f"{u / f:.2f}" for u in r["us"])
               + " | " + " / ".join(str(c) for c in r["copies"]) + f" | {r['same']} |")
-    if drows:
-        print("\nDynamic step (+ H2O, budget 512), us (CUDA-graph replay): template / tl.range(num_stages=n)\n")
-        print("| config | pattern | n | step | same state |")
-        print("|---|---|---:|---|---|")
-        for r in drows:
-            print(f"| {r['cfg']} | {r['name']} | {r['stages']} | {r['us'][0]:.2f} / {r['us'][1]:.2f} | {r['same']} |")
+    print_dynamic_rows(drows, "tl.range(num_stages=n)", "variant")
 
 
 if __name__ == "__main__":

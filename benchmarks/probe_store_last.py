@@ -75,8 +75,10 @@ def moved(source: str, anchors: tuple[str, str]) -> tuple[str, str]:
     return "".join(rest[:i] + body + rest[i:]), where
 
 
-def static_rows(names, configs, bw, rep, rounds, dev):
-    rows = []
+def static_cases(names, configs, dev):
+    """For each configuration (label, batch, query heads, KV heads) and pattern: seeded decode
+    inputs q [B, Hq, 1, D], k, v [B, Hkv, 1, D], the pattern's default kernel and its compact
+    caches filled from N - 1 seeded keys and values (freed after the caller's turn)."""
     for cfg, B, Hq, Hkv in configs:
         g = torch.Generator(device=dev).manual_seed(0)
         q = torch.randn(B, Hq, 1, D, device=dev, dtype=DTYPE, generator=g)
@@ -84,35 +86,50 @@ def static_rows(names, configs, bw, rep, rounds, dev):
         vd = torch.randn(B, Hkv, 1, D, device=dev, dtype=DTYPE, generator=g)
         for name in names:
             base = SASAttnKernel(load_pattern(name), max_len=N)
-            opts = base.plan.decode_config(Hq // Hkv)
             k = torch.randn(B, Hkv, N, D, device=dev, dtype=DTYPE, generator=g)
             v = torch.randn_like(k)
             kc, vc = base.new_cache(B, Hkv, D, DTYPE, dev)
             base.fill_cache(k[:, :, :N - 1], v[:, :, :N - 1], kc, vc)
             del k, v
-            fns, same, where = [], True, ""
-            for pdl in (False, True):
-                o = dataclasses.replace(opts, pdl=pdl)
-                kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
-                src, where = moved(tb.render_decode(kern.plan.analysis, o), STATIC_ANCHORS)
-                var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
-                var.runtime._decode_mods[o] = tb.load_source(src, "sas_decode_probe")
-                outs = []
-                for kk in (kern, var):
-                    c = (kc.clone(), vc.clone())
-                    out = torch.empty_like(q)
-                    kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out)
-                    outs.append((out, c[0], c[1]))
-                    fns.append(lambda kk=kk, c=c, out=out: kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out))
-                torch.cuda.synchronize()
-                same = same and all(torch.equal(a, b) for a, b in zip(*outs))
-            t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
-            floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
-            rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, us=t, where=where, same=same))
-            print(f"static {cfg} {name}: floor {floor:.2f} us, template / stores {where}: plain {t[0]:.2f} / {t[1]:.2f}, "
-                  f"PDL {t[2]:.2f} / {t[3]:.2f}, same={same}", flush=True)
-            del kc, vc, fns
+            yield cfg, B, Hq, Hkv, q, kd, vd, name, base, kc, vc
+            del kc, vc
             torch.cuda.empty_cache()
+
+
+def decode_each(kerns, q, kd, vd, kc, vc):
+    """One decode at N - 1 by each kernel on its own copy of the caches: ([(output, k cache,
+    v cache)], [a callable repeating each decode, for timing])."""
+    outs, fns = [], []
+    for kk in kerns:
+        c = (kc.clone(), vc.clone())
+        out = torch.empty_like(q)
+        kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out)
+        outs.append((out, c[0], c[1]))
+        fns.append(lambda kk=kk, c=c, out=out: kk.runtime.decode(q, kd, vd, c[0], c[1], N - 1, out=out))
+    torch.cuda.synchronize()
+    return outs, fns
+
+
+def static_rows(names, configs, bw, rep, rounds, dev):
+    rows = []
+    for cfg, B, Hq, Hkv, q, kd, vd, name, base, kc, vc in static_cases(names, configs, dev):
+        opts = base.plan.decode_config(Hq // Hkv)
+        fns, same, where = [], True, ""
+        for pdl in (False, True):
+            o = dataclasses.replace(opts, pdl=pdl)
+            kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+            src, where = moved(tb.render_decode(kern.plan.analysis, o), STATIC_ANCHORS)
+            var = SASAttnKernel(load_pattern(name), max_len=N, decode_options=o)
+            var.runtime._decode_mods[o] = tb.load_source(src, "sas_decode_probe")
+            outs, more = decode_each((kern, var), q, kd, vd, kc, vc)
+            fns += more
+            same = same and all(torch.equal(a, b) for a, b in zip(*outs))
+        t = [x * 1e3 for x in paired_ms(fns, True, rep, rounds)]
+        floor = 2 * base.cache_size * B * Hkv * D * 2 / bw * 1e6
+        rows.append(dict(cfg=cfg, name=name, slots=base.cache_size, floor=floor, us=t, where=where, same=same))
+        print(f"static {cfg} {name}: floor {floor:.2f} us, template / stores {where}: plain {t[0]:.2f} / {t[1]:.2f}, "
+              f"PDL {t[2]:.2f} / {t[3]:.2f}, same={same}", flush=True)
+        del fns
     return rows
 
 
@@ -178,12 +195,19 @@ def main() -> None:
         print(f"| {r['cfg']} | {r['name']} | {r['slots']} | {f:.2f} | {r['where']} | {u[0]:.2f} / {u[1]:.2f} | "
               f"{u[2]:.2f} / {u[3]:.2f} | {u[0] / f:.2f} / {u[1] / f:.2f} | {u[2] / f:.2f} / {u[3] / f:.2f} | "
               f"{r['same']} |")
-    if drows:
-        print("\nDynamic step (+ H2O, budget 512), us (CUDA-graph replay): template / moved\n")
-        print("| config | pattern | moved to | step | same state |")
-        print("|---|---|---|---|---|")
-        for r in drows:
-            print(f"| {r['cfg']} | {r['name']} | {r['where']} | {r['us'][0]:.2f} / {r['us'][1]:.2f} | {r['same']} |")
+    print_dynamic_rows(drows, "moved", "moved to")
+
+
+def print_dynamic_rows(rows, variant: str, column: str) -> None:
+    """The markdown table of `dynamic_rows` (nothing when there are none): each step as rendered
+    and as its variant (`variant` names it in the title, `column` heads its label)."""
+    if not rows:
+        return
+    print(f"\nDynamic step (+ H2O, budget 512), us (CUDA-graph replay): template / {variant}\n")
+    print(f"| config | pattern | {column} | step | same state |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['cfg']} | {r['name']} | {r['where']} | {r['us'][0]:.2f} / {r['us'][1]:.2f} | {r['same']} |")
 
 
 if __name__ == "__main__":
