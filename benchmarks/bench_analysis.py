@@ -9,8 +9,12 @@ over a few repeats; never asserted anywhere.
 and offset Rects and Diags, spreads, sums, products, NOT, Dynamic regions; the test suite's
 hypothesis strategy `causal_patterns`, derandomized so every run draws the same ones), each
 analysed once at max_len L: how many get a closed form, a padded closed form, a table, are
-empty or refused (and why), and the p50 / p99 / max analysis time. `--hard`: the compositions
-of issue 11 (strided window, chunked attention at 1K..64K, two-scale block-local) at 2^20.
+empty or refused (and why), and the p50 / p99 / max analysis time. `--deep N`: the same for
+N compositions of a harder seeded generator (`deep_pattern`: trees up to depth 5, spreads whose
+layout is a NOT, a strided or offset Rect or a long strided Diag, products of strided diagonals,
+parameters up to 200; composition k is drawn from `random.Random(k)`, so `--deep-from K` resumes
+the list). `--hard`: the compositions of issue 11 (strided window, chunked attention at 1K..64K,
+two-scale block-local) at 2^20.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import platform  # noqa: E402
+import random  # noqa: E402
 import sys  # noqa: E402
 from collections import Counter  # noqa: E402
 import runpy  # noqa: E402
@@ -32,7 +37,9 @@ from pathlib import Path  # noqa: E402
 
 from sas import Causal, Diag, Rect, analyze  # noqa: E402
 from sas.errors import AnalysisError  # noqa: E402
+from sas.ir.emptiness import provably_empty  # noqa: E402
 from sas.ir.periodicity import structure  # noqa: E402
+from sas.lang.pattern import Pattern  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["streaming_llm", "block_local", "sliding_window", "openai_strided", "openai_fixed",
@@ -46,6 +53,7 @@ PAPER_TABLE4 = {"streaming_llm": "16K -> 1056", "block_local": "16K -> 384", "sl
 def _timed(pattern, n: int, keep: list | None = None) -> tuple[str, float, str]:
     """(outcome, seconds, detail) of one analysis (the analysis appended to `keep` if given)."""
     structure.cache_clear()
+    provably_empty.cache_clear()
     t0 = time.perf_counter()
     try:
         a = analyze(pattern, n)
@@ -83,11 +91,86 @@ def random_compositions(count: int, n: int, markdown: bool) -> None:
         results.append((kind, dt, detail, repr(p)))
 
     draw()
+    _summary(results, "random compositions", n, markdown)
+
+
+def deep_pattern(r: random.Random, big: int, depth: int) -> Pattern:
+    """A random composition of depth <= `depth` with parameters up to about `big` (`--deep`)."""
+    if depth <= 0 or r.random() < 0.2:
+        return _deep_leaf(r, big)
+    c = r.random()
+    if c < 0.25:
+        return deep_pattern(r, big, depth - 1) + deep_pattern(r, big, depth - 1)
+    if c < 0.5:
+        return deep_pattern(r, big, depth - 1) * deep_pattern(r, big, depth - 1)
+    if c < 0.7:
+        return ~deep_pattern(r, big, depth - 1)
+    return _deep_unit(r, big, depth - 1) >> deep_pattern(r, big, depth - 1)
+
+
+def _deep_leaf(r: random.Random, big: int) -> Pattern:
+    c = r.random()
+    if c < 0.4:
+        return _deep_rect(r, big)
+    if c < 0.85:
+        offset = r.randint(-big, big)
+        size = r.choice([None, 1, r.randint(1, big), r.randint(1, 3 * big)])
+        return Diag(offset, size, stride=r.choice([1, 1, 2, 3, 5, 7, big + 1]))
+    return Causal()
+
+
+def _deep_axis(r: random.Random, big: int) -> tuple[int | None, int | None] | None:
+    c = r.random()
+    if c < 0.2:
+        return None
+    a = r.randint(0, big)
+    if c < 0.6:
+        return (a, a + r.randint(1, big))
+    if c < 0.8:
+        return (a, None)
+    if c < 0.9:
+        return (None, r.randint(1, big))
+    return (None, None)
+
+
+def _deep_rect(r: random.Random, big: int) -> Rect:
+    sr, sc = (r.choice([1, 1, 2, 3, 5, 7, 13, big, 2 * big + 1]) for _ in range(2))
+    kw = {}
+    if r.random() < 0.6:
+        kw = dict(stride=(sr, sc), offset=(r.randint(0, sr - 1), r.randint(0, sc - 1)))
+    if r.random() < 0.3:
+        return Rect(size=(r.randint(1, big), r.randint(1, big)), **kw)
+    return Rect(rows=_deep_axis(r, big), cols=_deep_axis(r, big), **kw)
+
+
+def _deep_unit(r: random.Random, big: int, depth: int) -> Pattern:
+    h, w = r.randint(1, 6), r.randint(1, 6)
+    box = (Rect(size=(h, w)) if r.random() < 0.5 else
+           Rect(rows=(r.randint(0, h - 1), h), cols=(r.randint(0, w - 1), w), stride=(r.randint(1, 2), r.randint(1, 2))))
+    if depth > 0 and r.random() < 0.4:
+        return box * deep_pattern(r, big, depth - 1)
+    if depth > 0 and r.random() < 0.2:
+        return Rect(size=(2, 2)) >> (Rect(size=(3, 3)) * deep_pattern(r, big, depth - 1))
+    return box
+
+
+def deep_compositions(first: int, count: int, n: int, markdown: bool) -> None:
+    results: list[tuple[str, float, str, str]] = []
+    for k in range(first, first + count):
+        r = random.Random(k)
+        big = r.choice([3, 8, 20, 64, 200])
+        p = deep_pattern(r, big, r.choice([2, 3, 4, 5])) * Causal()
+        kind, dt, detail = _timed(p, n)
+        results.append((kind, dt, detail, f"#{k} {p!r}"))
+    _summary(results, f"deep compositions (#{first}..#{first + count - 1})", n, markdown)
+
+
+def _summary(results: list[tuple[str, float, str, str]], what: str, n: int, markdown: bool) -> None:
     times = sorted(r[1] for r in results)
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(0.99 * len(times)))]
     counts = Counter(r[0] for r in results)
     slowest = max(results, key=lambda r: r[1])
-    print(f"{len(results)} random compositions at max_len {n}, measured {date.today()} on "
+    print(f"{len(results)} {what} at max_len {n}, measured {date.today()} on "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, one core\n")
     print("| outcome | count |\n|---|---:|" if markdown else "outcome: count")
     for kind, c in sorted(counts.items(), key=lambda kv: -kv[1]):
@@ -144,11 +227,15 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="N random compositions instead")
     ap.add_argument("--random-max-len", type=int, default=1 << 20)
+    ap.add_argument("--deep", type=int, default=0, metavar="N", help="N compositions of the deeper generator instead")
+    ap.add_argument("--deep-from", type=int, default=0, metavar="K", help="the first of them (default 0)")
     ap.add_argument("--hard", action="store_true", help="the compositions of issue 11 instead")
     args = ap.parse_args()
-    if args.random or args.hard:
+    if args.random or args.deep or args.hard:
         if args.random:
             random_compositions(args.random, args.random_max_len, args.markdown)
+        if args.deep:
+            deep_compositions(args.deep_from, args.deep, args.random_max_len, args.markdown)
         if args.hard:
             hard_cases(1 << 20, args.markdown)
         return

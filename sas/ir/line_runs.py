@@ -17,11 +17,11 @@ number of cells: a column of a chunked-attention pattern with chunks of 64K toke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
 import numpy as np
 
 from sas.errors import AnalysisError
-from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
+from sas.ir.emptiness import merge_diags, provably_empty
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 COLUMN, ROW = 0, 1
@@ -36,6 +36,12 @@ RUN_LIMIT = 1 << 24
 #: whole lines and merges (while that takes at most as many runs as the gaps and the runs so
 #: far), instead of inside every gap.
 UNION_GAPS = 2
+
+#: A product (a sum) reads next the first of its terms left, in the tree's order, that makes at
+#: most `AND_RUNS` times as many runs as the lines and runs (gaps) so far, that budget growing
+#: `AND_GROWTH` times a round while none does (`_sparsest`).
+AND_RUNS = 4
+AND_GROWTH = 8
 
 _I64 = np.int64
 
@@ -235,6 +241,8 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         return _dense(p, axis, fixed, lo, hi, width)
     if isinstance(p, Dynamic):
         return _merge_adjacent(np.arange(m, dtype=_I64), lo, hi, m)
+    if isinstance(p, (And, Or, Spread)) and provably_empty(p):
+        return _empty(m)
     if isinstance(p, Diag):
         return _diag(p, axis, fixed, lo, hi, ctx)
     if isinstance(p, Rect):
@@ -249,79 +257,74 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         # never outnumber the coarsest term's, a band (`Causal()`) bounds the range of
         # everything after it, and a bounded strided Rect is read before an endless strided
         # Diag (which alone makes a run every few cells of every line).
-        merged = _merge_diags(p.terms)
+        merged = merge_diags(p.terms)
         if merged is None:                  # strided diagonals that share no diagonal
             return _empty(m)
-        terms = sorted(merged, key=lambda t: (not _single_run(t), _runs_bound(t), _fineness(t)))
-        acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
-        for t in terms[1:]:
-            if len(acc) == 0:
-                break
-            acc = _inside(t, acc, axis, fixed, ctx)
+        # A strided diagonal's band (one run a line) bounds the range of the terms after it:
+        # `spread * Diag(52, None, stride=5)` reads the spread only below the band's start,
+        # where the diagonal alone would make a run every 5 cells of every line.
+        merged += [Diag(t.offset, t.size, 1) for t in merged if isinstance(t, Diag) and t.stride > 1]
+        rest = sorted(merged, key=lambda t: (not _single_run(t), _runs_bound(t), _fineness(t)))
+        acc = _merge_adjacent(np.arange(m, dtype=_I64), lo, hi, m)         # the whole lines
+        while rest and len(acc):
+            k, acc = _sparsest(rest, acc, axis, fixed, ctx)
+            rest.pop(k)
         return acc
     if isinstance(p, Or):
         # Each term only inside the gaps the terms before it leave: the terms of fewest runs a
         # line first (a complement of a short band fills nearly everything and leaves a few gaps
         # for a strided diagonal to fill cell by cell; the other way round the diagonal alone
         # makes a run every few cells), then the least strided.
-        terms = sorted(p.terms, key=lambda t: (_runs_bound(t), _fineness(t)))
-        acc = _runs(terms[0], axis, fixed, lo, hi, ctx)
-        for t in terms[1:]:
+        rest = sorted(p.terms, key=lambda t: (_runs_bound(t), _fineness(t)))
+        acc = _empty(m)
+        while rest:
             gaps = _complement(acc, lo, hi)
             if len(gaps) == 0:
                 break
             if len(gaps) > UNION_GAPS * m:
                 # The terms before cut the lines into many gaps: the term on the whole lines (a
                 # third of the lines for three gaps a line), merged, while it has few runs there.
-                whole = _bounded(t, axis, fixed, lo, hi, ctx, len(gaps) + len(acc))
+                whole = _bounded(rest[0], axis, fixed, lo, hi, ctx, len(gaps) + len(acc))
                 if whole is not None:
                     ctx.check(len(acc) + len(whole), f"the terms of {p!r}")
                     joined = _union(acc, whole)
                     if joined is not None:
                         acc = joined
+                        rest.pop(0)
                         continue
-            more = _inside(t, gaps, axis, fixed, ctx)
+            k, more = _sparsest(rest, gaps, axis, fixed, ctx)
+            rest.pop(k)
             ctx.check(len(acc) + len(more), f"the terms of {p!r}")
             acc = from_disjoint(np.concatenate([acc.line, more.line]), np.concatenate([acc.start, more.start]),
-                          np.concatenate([acc.stop, more.stop]), m)
+                                np.concatenate([acc.stop, more.stop]), m)
         return acc
     if isinstance(p, Spread):
         return _spread(p, axis, fixed, lo, hi, ctx)
     raise TypeError(f"line_runs: unknown pattern node {type(p).__name__}")
 
 
-def _merge_diags(terms: tuple[Pattern, ...]) -> list[Pattern] | None:
-    """The terms of a product with its diagonals (`Diag`) merged into one: the distances
-    d = i - j they share are a band [largest offset, smallest end) on one residue class modulo
-    the least common multiple of the strides (the Chinese remainder theorem), or nothing (None).
-    Without this, two strided diagonals of different residues (`Diag(3, None, stride=7) *
-    Diag(2, None, stride=7)`) built a run for every cell of the first before finding the product
-    empty. Strides whose multiple passes the index range are left apart."""
-    diags = [t for t in terms if isinstance(t, Diag)]
-    if len(diags) < 2:
-        return list(terms)
-    o, end, t = diags[0].offset, _diag_end(diags[0]), diags[0].stride
-    for d in diags[1:]:
-        g = gcd(t, d.stride)
-        if (d.offset - o) % g:
-            return None                     # no distance is on both residue classes
-        step = t // g * d.stride
-        if step > MAX_INDEX:
-            return list(terms)
-        q = d.stride // g
-        k = (d.offset - o) // g * pow(t // g, -1, q) % q if q > 1 else 0
-        residue = (o + t * k) % step        # d = residue (mod step) on both diagonals
-        low = max(o, d.offset)
-        o, t = low + (residue - low) % step, step
-        ends = [x for x in (end, _diag_end(d)) if x is not None]
-        end = min(ends) if ends else None
-        if (end is not None and o >= end) or o >= MAX_INDEX:
-            return None                     # the first shared distance is past the band's end
-    return [Diag(o, None if end is None else end - o, t)] + [x for x in terms if not isinstance(x, Diag)]
-
-
-def _diag_end(d: Diag) -> int | None:
-    return None if d.size is None else d.offset + d.size
+def _sparsest(terms: list[Pattern], within: Runs, axis: int, fixed: np.ndarray,
+              ctx: _Context) -> tuple[int, Runs]:
+    """The runs inside `within` of the term (of a product, or of a sum inside its gaps) to read
+    next, as (its index, its runs): the first, in the tree's order, that makes at most a budget
+    of runs, the budget `AND_RUNS` times the runs and lines of `within` and `AND_GROWTH` times
+    larger each round until one fits (the runs limit last). The order from the tree is a guess:
+    a term that cuts these lines finely (a stride-2 diagonal, on columns far from the end) may
+    come before a spread that is empty on them, or a complement that fills them. A term read
+    takes at most `AND_GROWTH` times the runs of the sparsest one; the rounds before cost at
+    most their budgets."""
+    cap = AND_RUNS * (len(within) + within.n_lines)
+    while len(terms) > 1:
+        bounded = _Context(ctx.pattern, min(cap, ctx.limit), ctx.dense_cells)
+        for k, t in enumerate(terms):
+            try:
+                return k, _inside(t, within, axis, fixed, bounded)
+            except AnalysisError:
+                continue
+        if cap >= ctx.limit:
+            break
+        cap *= AND_GROWTH
+    return 0, _inside(terms[0], within, axis, fixed, ctx)
 
 
 def _bounded(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context,
@@ -365,6 +368,31 @@ def _single_run(p: Pattern) -> bool:
 def _runs_bound(p: Pattern) -> float:
     """A bound on the runs a term has on any line, from the tree (inf: grows with the line, as
     a strided primitive without an end does); used only to order the terms of sums and products."""
+    return min(_runs_bound_tree(p), _cells_bound(p))
+
+
+def _cells_bound(p: Pattern) -> float:
+    """A bound on the attended cells of any line (row or column), from the tree (inf where a
+    line can hold cells without end). A spread's line crosses at most that many on-blocks of
+    its layout's line, each holding at most a block's side of cells: a spread over a short
+    band has few cells a line however long its lines are."""
+    if isinstance(p, Diag):
+        return float("inf") if p.size is None else -(-p.size // p.stride)
+    if isinstance(p, Rect):
+        # positions are >= 0: an open start is 0
+        counts = [float("inf") if b is None else max(0, -(-(b - max(a or 0, 0)) // s))
+                  for (a, b), s in zip((p.rows, p.cols), p.stride)]
+        return max(counts)
+    if isinstance(p, And):
+        return min(_cells_bound(t) for t in p.terms)
+    if isinstance(p, Or):
+        return sum(_cells_bound(t) for t in p.terms)
+    if isinstance(p, Spread):
+        return _cells_bound(p.layout) * max(p.shape)
+    return float("inf")                     # a complement, a dynamic component
+
+
+def _runs_bound_tree(p: Pattern) -> float:
     if isinstance(p, Diag):
         return 1 if p.stride == 1 else (float("inf") if p.size is None else -(-p.size // p.stride))
     if isinstance(p, Rect):
@@ -379,7 +407,7 @@ def _runs_bound(p: Pattern) -> float:
         return _runs_bound(p.a) + 1
     if isinstance(p, (And, Or)):
         return sum(_runs_bound(t) for t in p.terms)
-    return float("inf")                     # a spread: a run per on-block at least
+    return float("inf")                     # a spread: a run per on-block at least (or its cells)
 
 
 def _fineness(p: Pattern) -> int:

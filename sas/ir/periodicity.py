@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, reduce
 from math import lcm
 
+from sas.ir.emptiness import provably_empty
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
@@ -74,6 +75,8 @@ class Structure:
 
 
 NON_PERIODIC = Structure(periodic=False)
+#: The structure of a pattern with no cell: invariant under every translation.
+EMPTY = Structure(True, row_period=1, col_period=1)
 
 
 def _merge(a: Structure, b: Structure) -> Structure:
@@ -106,7 +109,13 @@ def structure(p: Pattern) -> Structure:
         return Structure(True, lcm(sr, sc), t, sr, 0, sc, 0, sr, sc)
     if isinstance(p, Dynamic):
         return Structure(True, 1, 0, 1, 0, 1, 0, 1, 1)
-    if isinstance(p, (Or, And)):
+    if isinstance(p, (Or, And, Spread)) and provably_empty(p):
+        # no cell (a product of diagonals of different residues, say): a sum gains nothing
+        # from it, so a spread of a non-square unit that is empty leaves the sum periodic
+        return EMPTY
+    if isinstance(p, Or):
+        return reduce(_merge, (structure(t) for t in p.terms if not provably_empty(t)))
+    if isinstance(p, And):
         return reduce(_merge, (structure(t) for t in p.terms))
     if isinstance(p, Not):
         return structure(p.a)
