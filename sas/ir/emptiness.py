@@ -17,6 +17,7 @@ from math import gcd
 from sas.lang.pattern import MAX_INDEX, And, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Rect
 
+
 def merge_diags(terms: tuple[Pattern, ...]) -> list[Pattern] | None:
     """The terms of a product with its diagonals (`Diag`) merged into one: the distances
     d = i - j they share are a band [largest offset, smallest end) on one residue class modulo
