@@ -16,6 +16,7 @@ from analysis_checks import brute_cache_size, brute_last_use
 from sas import Causal, Diag, Rect, analyze
 from sas.errors import AnalysisError, EmptyPatternError
 from sas.ir.emptiness import provably_empty
+import sas.ir.line_runs as line_runs_module
 from sas.ir.line_runs import COLUMN, line_runs
 from sas.ir.periodicity import structure
 from sas.lang.pattern import And
@@ -145,3 +146,22 @@ def test_a_product_reads_the_term_empty_on_its_lines_first():
     all_j = np.arange(n)
     r = line_runs(p, COLUMN, all_j, np.zeros(n, dtype=np.int64), np.full(n, n))
     np.testing.assert_array_equal(_cells(r, n), np.asarray(p.to_mask(n), dtype=bool))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_products(), patterns(max_depth=4)))
+def test_the_order_bounds_hold_on_every_line(p):
+    """The bounds the tree's order of terms reads (cells and runs a line) hold on the mask's
+    rows and columns; a spread over a short band has a finite bound however long its lines."""
+    m = np.asarray(p.to_mask(60), dtype=np.int8)
+    for lines in (m, m.T):
+        cells = lines.sum(axis=1).max()
+        runs = (np.diff(np.pad(lines, ((0, 0), (1, 0))), axis=1) == 1).sum(axis=1).max()
+        assert cells <= line_runs_module._cells_bound(p)
+        assert runs <= line_runs_module._runs_bound(p)
+
+
+def test_a_spread_over_a_short_band_is_bounded_before_an_endless_stride():
+    assert line_runs_module._runs_bound(Rect(size=(2, 3)) >> Diag(-20, 14, stride=2)) <= 7 * 3
+    assert line_runs_module._runs_bound(Diag(-60, None, stride=3)) == float("inf")
+    assert line_runs_module._cells_bound(Rect(rows=(None, 1), cols=(1, 3), stride=(2, 3))) == 1
