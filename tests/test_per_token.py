@@ -18,6 +18,7 @@ from strategies import causal_patterns, diags, patterns, spread_units
 from sas import Causal, Diag, Dynamic, Rect, analyze
 from sas.analysis import per_token
 from sas.errors import AnalysisError, KernelError
+from sas.ir import line_last
 from sas.ir.line_runs import COLUMN, line_runs
 from sas.ir.periodicity import structure
 
@@ -61,16 +62,18 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 #: the search's steps: (rows first, cell by cell past their limit, all rows of the columns
 #: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
 #: allowed on top of those, growth of the windows, terms of a sum searched apart, windows of
-#: rows); limits of 0 or 1 make those steps fail (or pass only when nothing or almost nothing
-#: is attended)
+#: rows, steps of the last-cell query (0: not asked)); limits of 0 or 1 make those steps fail
+#: (or pass only when nothing or almost nothing is attended)
 SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
                          st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
-                         st.booleans(), st.booleans())
+                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 48]))
 
 
 def _last_use_with(q, n: int, steps) -> np.ndarray:
-    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows = steps
+    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, rounds = steps
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "LAST_CELLS", rounds > 0)
+        mp.setattr(line_last, "ROUNDS", max(rounds, 1))
         mp.setattr(per_token, "CHUNK", 7)
         mp.setattr(per_token, "FIRST_WINDOW", (2, 3, 60)[n % 3])      # 60: two passes of row bits
         mp.setattr(per_token, "DENSE_COLUMNS", 5)
@@ -218,6 +221,7 @@ def test_a_drifting_spread_plus_a_long_stride(stride: int) -> None:
     want = brute_last_use(q.to_mask(n))
     np.testing.assert_array_equal(per_token.last_use(q, n), want)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "LAST_CELLS", False)
         mp.setattr(per_token, "WHOLE_RUNS_PER_COLUMN", 0)
         mp.setattr(per_token, "WHOLE_RUNS_MIN", 0)
         mp.setattr(per_token, "ROW_RUNS_PER_KEY", 0)

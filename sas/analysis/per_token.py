@@ -44,6 +44,7 @@ from typing import Callable
 import numpy as np
 
 from sas.errors import AnalysisError
+from sas.ir.line_last import last_cells
 from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
 from sas.lang.pattern import And, Or, Pattern
 
@@ -78,6 +79,9 @@ DISTRIBUTE = True
 #: Step 3 along the rows first, while its windows hold few runs (`ROW_RUNS_PER_KEY`); the keys
 #: a window settles come from its runs by a range maximum (`range_max`), never cell by cell.
 ROW_WINDOWS = True
+#: After step 2, the last attended row of each column left from the tree (`sas.ir.line_last`),
+#: without its runs; the columns it leaves unknown go on by windows.
+LAST_CELLS = True
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -274,6 +278,7 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
         hi, w = end, width
         failed = len(todo) + 1              # columns of the last attempt at all rows that failed
         first = True
+        queried = False                     # the last-cell query asked for this chunk
         while True:
             todo = todo[base[todo] < hi]         # no row left to search below the window's end
             if not len(todo):
@@ -290,6 +295,15 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
                     base[todo] = n
                     break
                 failed = len(todo)
+            if LAST_CELLS and not queried:
+                # the last attended row of each column left, from the tree (no runs built): a
+                # column of many runs (a drifting spread cut by a lattice) is settled here
+                queried = True
+                last, known = last_cells(pattern, COLUMN, todo, base[todo], np.full(len(todo), hi, dtype=_I64))
+                settled = todo[known]
+                out[settled] = np.maximum(out[settled], last[known])
+                base[settled] = n
+                continue
             if not windows:
                 break
             if not rowed:
@@ -321,6 +335,6 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
     return None
 
 
-__all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH",
+__all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH", "LAST_CELLS",
            "ROWS_FIRST", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
            "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell", "range_max"]

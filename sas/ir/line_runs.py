@@ -180,7 +180,7 @@ def _unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, inverse.reshape(-1)
 
 
-def _unique_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+def unique_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
                                                                         np.ndarray]:
     """(the distinct (a, b, c) rows as three int64 columns, sorted; index of each row's) for
     int64 columns of one length >= 1."""
@@ -488,7 +488,7 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
         if len(live) == 0:
             return _empty(m)
     # The layout's lines (block lines) over the blocks the line's range crosses.
-    (bline, blo, bhi), which = _unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
+    (bline, blo, bhi), which = unique_rows(fixed[live] // across, lo[live] // along, -(-hi[live] // along))
     lay = _runs(p.layout, axis, bline, blo, bhi, ctx)
     uptr = unit.ptr
     full = np.zeros(len(uu), dtype=bool)
@@ -544,4 +544,4 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     return from_disjoint(line, a, b, m)
 
 
-__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs"]
+__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs", "unique_rows"]

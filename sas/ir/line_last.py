@@ -1,0 +1,245 @@
+"""The last attended cell of each line of a mask, from the pattern tree, without its runs.
+
+`last_cells(pattern, axis, fixed, lo, hi)` gives, for each line k (the column `j = fixed[k]`
+when `axis` is `COLUMN`, the row `i = fixed[k]` when it is `ROW`), the largest position
+`lo[k] <= x < hi[k]` the pattern attends on that line (-1 when none does), and whether the
+query settled it (`known`). The per-token analysis asks it for the last use of every key: a
+column whose cells come in many runs (a strided spread, the complement of a drifting spread cut
+by a lattice) is answered without building them.
+
+Each node answers for itself and for its complement (`neg`):
+- a `Diag` or `Rect` is a progression on each line: its last member, or its last non-member
+  (the last position, the one before it, or the cell before the band);
+- a sum of the attended (a product of the complements) is the largest of its terms' answers;
+- a product of the attended (a sum of the complements) steps down: every term answers at or
+  below the position so far, the smallest answer is the next position, until all terms agree
+  (the line's answer) or one has none; lines that have not agreed after `ROUNDS` steps are
+  left unknown (`known` False) for the caller's run-based search;
+- a spread asks its layout for the last on-block (off-block) and its unit for the last cell
+  (non-cell) inside it: the top block, partly in range, first, then the blocks below.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sas.ir.emptiness import merge_diags, provably_empty
+from sas.ir.line_runs import unique_rows
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Diag, Dynamic, Rect
+
+COLUMN, ROW = 0, 1
+#: Steps a product may take down a line before the line is left unknown.
+ROUNDS = 48
+
+_I64 = np.int64
+_FAR = 1 << 62          # an unbounded end, past every index
+
+
+def last_cells(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray,
+               hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(last, known): the last attended position in [lo, hi) of each line (-1: none), exact
+    where `known` (module doc); `fixed`, `lo`, `hi` int64 arrays of one length, `fixed >= 0`."""
+    if axis not in (COLUMN, ROW):
+        raise ValueError(f"last_cells: axis must be COLUMN or ROW, got {axis!r}")
+    fixed, lo, hi = (np.asarray(x, dtype=_I64).reshape(-1) for x in (fixed, lo, hi))
+    return _last(pattern._index_safe, False, axis, fixed, np.maximum(lo, 0), hi)
+
+
+def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+          hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The last position in [lo, hi) where p (its complement when `neg`) holds, and known."""
+    m = len(fixed)
+    known = np.ones(m, dtype=bool)
+    if m == 0:
+        return np.zeros(0, dtype=_I64), known
+    if isinstance(p, Not):
+        return _last(p.a, not neg, axis, fixed, lo, hi)
+    if isinstance(p, Dynamic):                  # a region covering every cell
+        return (np.full(m, -1, dtype=_I64) if neg else np.where(hi > lo, hi - 1, -1)), known
+    if isinstance(p, (And, Or, Spread)) and provably_empty(p):
+        return (np.where(hi > lo, hi - 1, -1) if neg else np.full(m, -1, dtype=_I64)), known
+    if isinstance(p, (Diag, Rect)):
+        return _progression_last(p, neg, axis, fixed, lo, hi), known
+    if isinstance(p, (And, Or)):
+        if isinstance(p, Or) != neg:            # a union: the largest answer
+            best = np.full(m, -1, dtype=_I64)
+            for t in p.terms:
+                x, k = _last(t, neg, axis, fixed, lo, hi)
+                best = np.maximum(best, x)
+                known &= k
+            return best, known
+        terms = list(p.terms)
+        if not neg:
+            merged = merge_diags(p.terms)
+            if merged is None:
+                return np.full(m, -1, dtype=_I64), known
+            terms = merged
+        return _intersection(terms, neg, axis, fixed, lo, hi)
+    if isinstance(p, Spread):
+        return _spread_last(p, neg, axis, fixed, lo, hi)
+    raise TypeError(f"last_cells: unknown pattern node {type(p).__name__}")
+
+
+def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                      hi: np.ndarray) -> np.ndarray:
+    """A Diag or Rect on each line: the positions a <= x < b with x = residue (mod `mod`) (none
+    where the line misses a Rect's rows or columns)."""
+    m = len(fixed)
+    if isinstance(p, Diag):
+        o, s, mod = p.offset, p.size, p.stride
+        on = np.ones(m, dtype=bool)
+        if axis == COLUMN:      # i - j in [o, o + s): i in [j + o, j + o + s)
+            a = fixed + o
+            b = np.full(m, _FAR, dtype=_I64) if s is None else fixed + o + s
+            residue = fixed + o
+        else:                   # j in (i - o - s, i - o]
+            a = np.full(m, -_FAR, dtype=_I64) if s is None else fixed - o - s + 1
+            b = fixed - o + 1
+            residue = fixed - o
+    else:
+        (r0, r1), (c0, c1) = p.rows, p.cols
+        (sr, sc), (orr, oc) = p.stride, p.offset
+        if axis == COLUMN:
+            on = _selects(fixed, (c0, c1), sc, oc)
+            (x0, x1), mod, off = (r0, r1), sr, orr
+        else:
+            on = _selects(fixed, (r0, r1), sr, orr)
+            (x0, x1), mod, off = (c0, c1), sc, oc
+        a = np.full(m, x0 or 0, dtype=_I64)
+        b = np.full(m, _FAR if x1 is None else x1, dtype=_I64)
+        residue = np.full(m, (x0 or 0) + off, dtype=_I64)
+    top = hi - 1
+    if not neg:
+        first = np.maximum(a, lo)
+        last = np.minimum(b, hi) - 1
+        x = last - (last - residue) % mod
+        return np.where(on & (last >= first) & (x >= first), x, -1)
+    member = on & (top >= a) & (top < b) & ((top - residue) % mod == 0)
+    # the line's last position if it is off; else (stride >= 2) the one before it; else (one
+    # band) the cell before the band
+    x = np.where(~member, top, top - 1 if mod >= 2 else a - 1)
+    return np.where(x >= lo, x, -1)
+
+
+def _selects(x: np.ndarray, rng: tuple[int | None, int | None], stride: int, offset: int) -> np.ndarray:
+    a, b = rng
+    m = np.ones(x.shape, dtype=bool)
+    if a is not None:
+        m &= x >= a
+    if b is not None:
+        m &= x < b
+    if stride > 1:
+        m &= (x - (a or 0)) % stride == offset
+    return m
+
+
+def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                  hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The last position where every term holds (each negated when `neg`): step down until the
+    terms agree (module doc)."""
+    m = len(fixed)
+    out = np.full(m, -1, dtype=_I64)
+    known = np.ones(m, dtype=bool)
+    live = np.flatnonzero(hi > lo).astype(_I64)
+    top = hi[live] - 1
+    for _ in range(ROUNDS):
+        if not len(live):
+            return out, known
+        f, a = fixed[live], lo[live]
+        least = top.copy()
+        agree = np.ones(len(live), dtype=bool)
+        sure = np.ones(len(live), dtype=bool)
+        for t in terms:
+            x, k = _last(t, neg, axis, f, a, top + 1)
+            sure &= k
+            agree &= x == top
+            least = np.minimum(least, x)
+        done = agree | (least < 0) | ~sure
+        out[live[done]] = np.where(agree[done], top[done], -1)
+        known[live[done]] = sure[done]
+        live, top = live[~done], least[~done]
+    known[live] = False
+    return out, known
+
+
+def _distinct(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+              hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_last` asked once per distinct (line, lo, hi): a spread's neighbouring lines share
+    their layout's block line and their unit's line (and a chunk of columns its range's end),
+    so nested spreads ask each level for ever fewer lines."""
+    if len(fixed) < 2:
+        return _last(p, neg, axis, fixed, lo, hi)
+    (f, a, b), which = unique_rows(fixed, lo, hi)
+    if len(f) == len(fixed):
+        return _last(p, neg, axis, fixed, lo, hi)
+    x, known = _last(p, neg, axis, f, a, b)
+    return x[which], known[which]
+
+
+def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                 hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`unit >> layout` on each line: the layout's block line and the unit's line inside a block
+    (module doc)."""
+    h, w = p.shape
+    across, along = (w, h) if axis == COLUMN else (h, w)
+    m = len(fixed)
+    out = np.full(m, -1, dtype=_I64)
+    known = np.ones(m, dtype=bool)
+    live = np.flatnonzero(hi > lo).astype(_I64)
+    if not len(live):
+        return out, known
+    f, a, b = fixed[live], lo[live], hi[live]
+    uline, bline = f % across, f // across
+    btop = (b - 1) // along                     # the top block, partly in range
+    bot = a // along                            # the bottom block, partly in range
+
+    def layout(neg_: bool, b0: np.ndarray, b1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _distinct(p.layout, neg_, axis, bline, b0, b1)
+
+    def unit(neg_: bool, u0: np.ndarray, u1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _distinct(p.unit, neg_, axis, uline, u0, u1)
+
+    # the top block: its unit cells (non-cells) from the range's start in it to the range's end
+    t_on, k1 = layout(False, btop, btop + 1)
+    t_on = t_on == btop
+    u_lo = np.maximum(a - btop * along, 0)
+    ux, k2 = unit(neg, u_lo, b - btop * along)
+    top_x = np.where(ux >= 0, btop * along + ux, -1)
+    if neg:                                     # an off top block: the range's last position
+        top_x = np.where(t_on, top_x, b - 1)
+    else:
+        top_x = np.where(t_on, top_x, -1)
+    sure = k1 & k2
+    # the blocks below the top one: the last whole on-block (its unit's last cell, or non-cell,
+    # in a whole block), and for the complement the last off-block too (its last position)
+    below = btop > bot
+    best = top_x
+    full_u, k3 = unit(neg, np.zeros(len(f), dtype=_I64), np.full(len(f), along, dtype=_I64))
+    sure &= k3
+    b_on, k4 = layout(False, bot, np.maximum(btop, bot))
+    sure &= k4
+    # an on-block above the bottom one is whole; the bottom block only from the range's start
+    whole = below & (b_on > bot) & (full_u >= 0)
+    best = np.maximum(best, np.where(whole, b_on * along + full_u, -1))
+    at_bot = below & (b_on == bot)
+    if at_bot.any():
+        ub, k5 = unit(neg, np.where(at_bot, a - bot * along, 0), np.where(at_bot, along, 0))
+        sure &= k5 | ~at_bot
+        best = np.maximum(best, np.where(at_bot & (ub >= 0), bot * along + ub, -1))
+        # an on-bottom block without a cell in range: the next on-block below is none (it is
+        # the bottom); a whole block above it was on only if b_on were larger
+    if neg:
+        b_off, k6 = layout(True, bot, np.maximum(btop, bot))
+        sure &= k6
+        best = np.maximum(best, np.where(below & (b_off >= 0), (b_off + 1) * along - 1, -1))
+    else:
+        # an on-block above the bottom one whose unit line is empty gives nothing: neither
+        # does any other block (the unit line is the same), so `whole` covers the on-blocks
+        pass
+    out[live] = best
+    known[live] = sure
+    return out, known
+
+
+__all__ = ["COLUMN", "ROUNDS", "ROW", "last_cells"]
