@@ -14,7 +14,10 @@ here from the runs of attended cells along the columns, derived from the pattern
      stride, say);
   2. the columns left over all their rows at once, when those hold few runs (about 8 a
      column): columns attended only near their key, or not at all (an empty pattern is
-     one such pass over its columns);
+     one such pass over its columns); else their last attended rows from the tree without
+     their runs (`sas.ir.line_last.last_cells`: a column of many runs, as the complement of a
+     drifting spread cut by a lattice, is settled there), the columns it leaves unknown (a
+     product whose terms did not agree within its steps) going on to step 3;
   3. the keys still left by windows going back from the end, `[n - 5W, n - W)` after
      `[n - W, n)` and so on (each `GROWTH` times the last): first along the rows, all keys
      at once, while the windows hold few runs (`ROW_RUNS_PER_KEY * n` a window; each window's

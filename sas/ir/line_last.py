@@ -211,15 +211,16 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
     else:
         top_x = np.where(t_on, top_x, -1)
     sure = k1 & k2
-    # the blocks below the top one: the last whole on-block (its unit's last cell, or non-cell,
-    # in a whole block), and for the complement the last off-block too (its last position)
+    # the blocks below the top one: the last on-block (every whole block holds its unit line's
+    # last cell, or non-cell, at the same place, so the last on-block holds the largest; the
+    # bottom block only from the range's start), and for the complement the last off-block too
+    # (its last position)
     below = btop > bot
     best = top_x
     full_u, k3 = unit(neg, np.zeros(len(f), dtype=_I64), np.full(len(f), along, dtype=_I64))
     sure &= k3
     b_on, k4 = layout(False, bot, np.maximum(btop, bot))
     sure &= k4
-    # an on-block above the bottom one is whole; the bottom block only from the range's start
     whole = below & (b_on > bot) & (full_u >= 0)
     best = np.maximum(best, np.where(whole, b_on * along + full_u, -1))
     at_bot = below & (b_on == bot)
@@ -227,16 +228,10 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
         ub, k5 = unit(neg, np.where(at_bot, a - bot * along, 0), np.where(at_bot, along, 0))
         sure &= k5 | ~at_bot
         best = np.maximum(best, np.where(at_bot & (ub >= 0), bot * along + ub, -1))
-        # an on-bottom block without a cell in range: the next on-block below is none (it is
-        # the bottom); a whole block above it was on only if b_on were larger
     if neg:
         b_off, k6 = layout(True, bot, np.maximum(btop, bot))
         sure &= k6
         best = np.maximum(best, np.where(below & (b_off >= 0), (b_off + 1) * along - 1, -1))
-    else:
-        # an on-block above the bottom one whose unit line is empty gives nothing: neither
-        # does any other block (the unit line is the same), so `whole` covers the on-blocks
-        pass
     out[live] = best
     known[live] = sure
     return out, known
