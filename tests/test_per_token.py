@@ -270,3 +270,24 @@ def _half_window_last_use(n: int) -> np.ndarray:
     j = np.arange(n, dtype=np.int64)
     last = np.minimum(2 * j - 1, n - 1 if (n - 1) % 2 else n - 2)
     return np.where(last >= j, last, -1)
+
+
+def test_columns_of_many_runs_are_settled_without_their_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The complement of a drifting spread cut by a strided lattice attends a band below each
+    key cut every 28 rows: the windows built those runs (past 30 s at 2^20, a fuzzing helper's
+    composition); the last-cell query reads each column's last row from the tree."""
+    p = ~(Rect(size=(4, 3)) >> (Rect(rows=(3, None), cols=(3, None), stride=(7, 3), offset=(2, 2))
+                                + Causal())) * Causal()
+    small = 1 << 11
+    np.testing.assert_array_equal(per_token.last_use(p.restrict(small), small),
+                                  brute_last_use(p.restrict(small).to_mask(small)))
+    n = 1 << 15
+    q = p.restrict(n)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "LAST_CELLS", False)
+        by_windows = per_token.last_use(q, n)            # about 29 runs a column
+        mp.setattr(per_token, "TOTAL_RUNS", 8 * n)
+        with pytest.raises(AnalysisError, match="runs limit"):
+            per_token.last_use(q, n)
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", 8 * n)
+    np.testing.assert_array_equal(per_token.last_use(q, n), by_windows)
