@@ -28,6 +28,12 @@ class AnalysisError(SASError):
     """The analyzer was asked something the pattern or the arguments do not allow."""
 
 
+class AnalysisLimitError(AnalysisError):
+    """An analysis step would build more runs of attended cells, or column shapes, than its
+    limit: the message names the numbers. `analyze` answers such a periodic analysis per token
+    instead; elsewhere it reaches the user."""
+
+
 class EmptyPatternError(AnalysisError):
     """The pattern attends no key within the length analysed: there is nothing to cache."""
 

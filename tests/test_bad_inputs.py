@@ -134,8 +134,6 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
     ("last_use(2**70)", lambda: _analysis().last_use(2**70), AnalysisError, ("last_use", "integer")),
     ("last_use(0.5)", lambda: _analysis().last_use(0.5), AnalysisError, ("last_use", "integer")),
     # windows and tables that cannot be allocated
-    ("analysis window of coprime strides", lambda: analyze(Rect(stride=(4099, 4093)) * Causal(), 2**24),
-     AnalysisError, ("shapes limit", "P=16777207", "max_len")),
     ("dynamic plan of coprime strides without max_len",
      lambda: plan_dynamic(Diag(0, 8) * Causal() + Rect(stride=(4099, 4093)) * Causal() * Dynamic(4)),
      AnalysisError, ("shapes limit", "P=16777207", "max_len")),

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from strategies import causal_patterns, diags, patterns, spread_units
 
 from sas import Causal, Diag, Dynamic, Rect, analyze
-from sas.analysis import per_token
+from sas.analysis import columns, per_token
 from sas.errors import AnalysisError, KernelError
 from sas.ir import line_last
+from sas.plan import causal_within
 from sas.ir.line_runs import COLUMN, line_runs
 from sas.ir.periodicity import structure
 
@@ -291,3 +292,26 @@ def test_columns_of_many_runs_are_settled_without_their_runs(monkeypatch: pytest
             per_token.last_use(q, n)
     monkeypatch.setattr(per_token, "TOTAL_RUNS", 8 * n)
     np.testing.assert_array_equal(per_token.last_use(q, n), by_windows)
+
+
+def test_a_periodic_analysis_past_its_limit_is_done_per_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A period too long for the length-independent analysis (coprime strides: 4099 x 4093 at
+    2^24, refused before) is analysed per token, exactly, with a note saying why."""
+    p = (Rect(stride=(13, 11)) + Diag(0, 5)) * Causal()
+    n = 3000
+    mask = np.asarray(p.to_mask(n), dtype=bool)
+    periodic = analyze(p, n)
+    monkeypatch.setattr(columns, "SHAPE_LIMIT", 10)
+    a = analyze(p, n)
+    assert a.cache_size == periodic.cache_size == brute_cache_size(mask)
+    assert not a.closed_form and not a.structure.periodic
+    assert any("stopped at its limit" in note and "shapes limit" in note for note in a.notes)
+    decode_with_functions(a, mask)
+
+
+def test_coprime_strides_at_2_24_are_analysed() -> None:
+    p = Rect(stride=(4099, 4093)) * Causal()
+    a = analyze(p, 2**24)
+    assert a.cache_size == -(-2**24 // 4093)          # every key on the lattice stays to the end
+    assert any("analysed per token" in note for note in a.notes)
+    assert causal_within(p, 2**24) and not causal_within(Rect(stride=(4099, 4093)), 2**24)

@@ -19,8 +19,8 @@ from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.per_token import last_use as per_token_last_use, non_causal_cell
 from sas.analysis.slots import (Scheme, TableScheme, cache_ids, choose_scheme, greedy_table, padded_scheme,
                                 scheme_size)
-from sas.errors import AnalysisError, EmptyPatternError
-from sas.ir.periodicity import Structure, structure
+from sas.errors import AnalysisError, AnalysisLimitError, EmptyPatternError
+from sas.ir.periodicity import NON_PERIODIC, Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
 from sas.lang.primitives import Causal
 from sas.limits import check_host_bytes
@@ -162,43 +162,51 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                      f"or column repeats within the sequence, analysed with {seen.Qv} / {seen.Qh}")
     st = seen
     cols: ColumnShapes | None = None
+    per_token_why = "pattern has no known period: analysed per token and cache_id_func uses a table"
     minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:
-        bad = upper_triangle_clear(pattern, st)
-        if bad is not None and max(bad) >= n:
-            # The structure's rows reach past the sequence; what counts is [0, max_len)^2. Causal
-            # there, the pattern equals pattern * Causal() on every position that occurs.
-            bad = non_causal_cell(pattern, n)
-            if bad is None:
-                pattern = (pattern * Causal()).restrict(n)
-                st = structure(pattern).within(n)
-                notes.append(f"the pattern attends keys after their query only at positions >= max_len={n}: "
-                             f"analysed as {pattern!r}")
-                bad = upper_triangle_clear(pattern, st) if st.periodic else non_causal_cell(pattern, n)
-        if bad is not None:
-            raise AnalysisError(
-                f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
-                f"decode analysis needs j <= i everywhere: multiply it by Causal()")
-        cols = column_shapes(pattern, st)
-        size, peak = _cache_size(cols, n)
-        scheme = choose_scheme(cols, size, n) if size > 0 else None
-        if scheme is None and size > 0:
-            padded = padded_scheme(cols, size, n) if n > TABLE_LIMIT else None
-            if padded is not None:
-                minimal, size = size, scheme_size(padded)
-                scheme = padded
-                notes.append(
-                    f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed "
-                    f"form found ({padded.name}) uses {size} slots (+{size - minimal}, "
-                    f"{100.0 * (size - minimal) / minimal:.1f}% more) instead of a per-token table of "
-                    f"{n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a padded closed form "
-                    f"beyond)")
-            else:
-                _check_table_bytes(user_pattern, n)
-                scheme = greedy_table(cols.last_use(np.arange(n), n))
-                notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token "
-                             f"table ({n} entries)")
-    else:
+        try:
+            bad = upper_triangle_clear(pattern, st)
+            if bad is not None and max(bad) >= n:
+                # The structure's rows reach past the sequence; what counts is [0, max_len)^2. Causal
+                # there, the pattern equals pattern * Causal() on every position that occurs.
+                bad = non_causal_cell(pattern, n)
+                if bad is None:
+                    pattern = (pattern * Causal()).restrict(n)
+                    st = structure(pattern).within(n)
+                    notes.append(f"the pattern attends keys after their query only at positions >= max_len={n}: "
+                                 f"analysed as {pattern!r}")
+                    bad = upper_triangle_clear(pattern, st) if st.periodic else non_causal_cell(pattern, n)
+            if bad is not None:
+                raise AnalysisError(
+                    f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
+                    f"decode analysis needs j <= i everywhere: multiply it by Causal()")
+            cols = column_shapes(pattern, st)
+            size, peak = _cache_size(cols, n)
+            scheme = choose_scheme(cols, size, n) if size > 0 else None
+            if scheme is None and size > 0:
+                padded = padded_scheme(cols, size, n) if n > TABLE_LIMIT else None
+                if padded is not None:
+                    minimal, size = size, scheme_size(padded)
+                    scheme = padded
+                    notes.append(
+                        f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed "
+                        f"form found ({padded.name}) uses {size} slots (+{size - minimal}, "
+                        f"{100.0 * (size - minimal) / minimal:.1f}% more) instead of a per-token table of "
+                        f"{n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a padded closed form "
+                        f"beyond)")
+                else:
+                    _check_table_bytes(user_pattern, n)
+                    scheme = greedy_table(cols.last_use(np.arange(n), n))
+                    notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token "
+                                 f"table ({n} entries)")
+        except AnalysisLimitError as e:
+            # a period or boundary too long for the length-independent analysis (a sum of
+            # lattices whose strides multiply to about max_len): the keys' last uses per token
+            per_token_why = (f"the periodic analysis (period {st.P}, boundary {st.T}) stopped at its limit: "
+                             f"analysed per token instead, and cache_id_func uses a table ({e})")
+            st, cols, minimal = NON_PERIODIC, None, None
+    if not st.periodic:
         _check_table_bytes(user_pattern, n)
         bad = non_causal_cell(pattern, n)
         if bad is not None:
@@ -208,7 +216,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
         L = per_token_last_use(pattern, n)
         scheme = greedy_table(L)
         size, peak = scheme.C, 0
-        notes.append("pattern has no known period: analysed per token and cache_id_func uses a table")
+        notes.append(per_token_why)
     dyn = pattern.dynamics()
     if dyn:
         notes.append(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sas.errors import AnalysisError
+from sas.errors import AnalysisLimitError
 from sas.ir.line_runs import COLUMN, ROW, RUN_LIMIT, Runs, from_disjoint, line_runs
 from sas.ir.periodicity import Structure
 from sas.lang.pattern import Pattern
@@ -39,7 +39,7 @@ _I64 = np.int64
 def check_lines(pattern: Pattern, lines: int, st: Structure, what: str) -> None:
     """Refuse, before allocating, more than SHAPE_LIMIT column shapes or rows."""
     if lines > SHAPE_LIMIT:
-        raise AnalysisError(
+        raise AnalysisLimitError(
             f"the periodic description of {pattern!r} (boundary T={st.T}, period P={st.P}, vertical period "
             f"{st.Qv} from distance {st.Dv}) has {lines} {what}, more than the limit {SHAPE_LIMIT} (the shapes "
             f"limit): its periods or boundary are too large for the length-independent analysis (give a "
@@ -258,7 +258,7 @@ class ColumnShapes:
         # stored part: the runs of each shape clipped to [a, min(b, H))
         cnt = self.counts[shape]
         if int(cnt.sum()) > RUN_LIMIT:
-            raise AnalysisError(f"the column shapes read over a window need {int(cnt.sum())} runs, more than "
+            raise AnalysisLimitError(f"the column shapes read over a window need {int(cnt.sum())} runs, more than "
                                 f"the limit {RUN_LIMIT} (the runs limit)")
         idx = np.repeat(np.arange(m, dtype=_I64), cnt)
         run = self.ptr[shape][idx] + np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
@@ -286,7 +286,7 @@ class ColumnShapes:
             per = np.maximum(p1 - p0, 0) * nt
             total = int(per.sum())
             if total > RUN_LIMIT:
-                raise AnalysisError(f"the column shapes unrolled over a window need {total} runs, more than "
+                raise AnalysisLimitError(f"the column shapes unrolled over a window need {total} runs, more than "
                                     f"the limit {RUN_LIMIT} (the runs limit)")
             r = np.repeat(np.arange(len(w), dtype=_I64), per)
             within = np.arange(total, dtype=_I64) - np.repeat(np.cumsum(per) - per, per)

@@ -36,8 +36,8 @@ here from the runs of attended cells along the columns, derived from the pattern
 
 Memory is O(chunk + n): the `n` last uses and the runs of one chunk (along rows: at most
 `CHUNK_RUNS` runs, and a segment tree of 2n entries). A window whose runs pass `CHUNK_RUNS` is split in halves (a
-single column past it raises `AnalysisError`); past `TOTAL_RUNS` runs read in all the search
-stops with an `AnalysisError` naming the numbers.
+single column past it raises `AnalysisLimitError`); past `TOTAL_RUNS` runs read in all the search
+stops with an `AnalysisLimitError` naming the numbers.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Callable
 
 import numpy as np
 
-from sas.errors import AnalysisError
+from sas.errors import AnalysisLimitError
 from sas.ir.line_last import last_cells
 from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
 from sas.lang.pattern import And, Or, Pattern
@@ -92,7 +92,7 @@ def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> li
     while a piece needs more than CHUNK_RUNS runs."""
     try:
         return [(j, line_runs(pattern, COLUMN, j, lo, hi, limit=CHUNK_RUNS))]
-    except AnalysisError:
+    except AnalysisLimitError:
         if len(j) <= 1:
             raise
     h = len(j) // 2
@@ -115,7 +115,7 @@ def _whole(pattern: Pattern, todo: np.ndarray, lo: np.ndarray, hi: int) -> Runs 
     try:
         return line_runs(pattern, COLUMN, todo, lo, np.full(len(todo), hi, dtype=_I64),
                          limit=WHOLE_RUNS_PER_COLUMN * len(todo) + WHOLE_RUNS_MIN)
-    except AnalysisError:
+    except AnalysisLimitError:
         return None
 
 
@@ -132,7 +132,7 @@ def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
     try:
         r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
                       limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
-    except AnalysisError:
+    except AnalysisLimitError:
         if not DENSE_LAST_ROWS:
             return None
         # many runs in those rows: cell by cell is cheaper than the run algebra
@@ -177,7 +177,7 @@ def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: 
         try:
             r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
                           limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
-        except AnalysisError:
+        except AnalysisLimitError:
             break
         count(len(r))
         if len(r):
@@ -240,7 +240,7 @@ def last_use(pattern: Pattern, n: int) -> np.ndarray:
         nonlocal read
         read += k
         if read > TOTAL_RUNS:
-            raise AnalysisError(
+            raise AnalysisLimitError(
                 f"analyze: the last uses of the keys of {pattern!r} up to max_len={n} need more than "
                 f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
                 f"columns are attended all along by a fine stride); give a smaller max_len")

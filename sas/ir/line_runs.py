@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 
-from sas.errors import AnalysisError
+from sas.errors import AnalysisLimitError
 from sas.ir.emptiness import merge_diags, provably_empty
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
@@ -86,7 +86,7 @@ class _Context:
 
     def check(self, count: int, what: str) -> None:
         if count > self.limit:
-            raise AnalysisError(
+            raise AnalysisLimitError(
                 f"the runs of attended cells of {self.pattern!r} along the lines the length-independent "
                 f"analysis reads need {count} runs for {what}, more than the limit {self.limit} (the runs "
                 f"limit): its strides are too fine for its periods, or its offsets and sizes too large; "
@@ -96,7 +96,7 @@ class _Context:
 def line_runs(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
               limit: int = RUN_LIMIT, dense_cells: int | None = None) -> Runs:
     """Runs of attended cells on each line (module doc); `fixed`, `lo`, `hi` are int64 arrays of
-    one length with `fixed >= 0` and `0 <= lo`. Raises `AnalysisError` past `limit` runs.
+    one length with `fixed >= 0` and `0 <= lo`. Raises `AnalysisLimitError` past `limit` runs.
     A window of at most `dense_cells` cells (default `DENSE_CELLS`) is evaluated cell by cell."""
     fixed, lo, hi = (np.asarray(x, dtype=_I64).reshape(-1) for x in (fixed, lo, hi))
     if axis not in (COLUMN, ROW):
@@ -319,7 +319,7 @@ def _sparsest(terms: list[Pattern], within: Runs, axis: int, fixed: np.ndarray,
         for k, t in enumerate(terms):
             try:
                 return k, _inside(t, within, axis, fixed, bounded)
-            except AnalysisError:
+            except AnalysisLimitError:
                 continue
         if cap >= ctx.limit:
             break
@@ -333,7 +333,7 @@ def _bounded(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.nd
     takes another way; the work spent is bounded by the limit)."""
     try:
         return _runs(p, axis, fixed, lo, hi, _Context(ctx.pattern, min(ctx.limit, limit), ctx.dense_cells))
-    except AnalysisError:
+    except AnalysisLimitError:
         return None
 
 
