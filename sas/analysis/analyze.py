@@ -47,7 +47,6 @@ class Analysis:
     cache_size: int
     peak_query: int
     structure: Structure
-    groups: tuple[Group, ...]
     functions: ast.Module
     tables: dict[str, np.ndarray]
     scheme: str
@@ -60,6 +59,13 @@ class Analysis:
     _columns: ColumnShapes | None = field(repr=False)
     #: the minimal KV-cache size where the closed form in use needs more slots (None: equal)
     minimal_cache_size: int | None = None
+
+    @functools.cached_property
+    def groups(self) -> tuple[Group, ...]:
+        """The periodic decomposition into groups (none for a per-token pattern), derived from the
+        column shapes on first use: only `report()`, `sas inspect` and `sas plot` read it (up to a
+        few seconds at 2^20 for nested spreads with a million column classes)."""
+        return decompose(self._columns, self.max_len) if self._columns is not None else ()
 
     @functools.cached_property
     def events(self) -> tuple[CacheEvent, ...]:
@@ -224,10 +230,9 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             f"selection (budget {', '.join(str(d.budget) for d in dyn)}) is handled by sas.dynamic")
     if size <= 0:
         raise EmptyPatternError(f"analyze: pattern {user_pattern!r} attends no key within max_len={n}: it is empty")
-    groups = decompose(cols, n) if cols is not None else ()
     # mask_func applies the user's own predicate: exact at any index (see Pattern.predicate).
     mod, tables = synthesize(user_pattern, scheme, n)
     fns = compile_functions(mod, tables=tables)
-    return Analysis(user_pattern, n, size, peak, st, groups, mod, tables, scheme.name,
+    return Analysis(user_pattern, n, size, peak, st, mod, tables, scheme.name,
                     not isinstance(scheme, TableScheme), tuple(notes), fns["cache_id_func"],
                     fns["slot_key_func"], fns["mask_func"], scheme, cols, minimal)
