@@ -24,11 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
-from sas.ir.line_runs import unique_rows
+from sas.ir.line_runs import COLUMN, ROW, axis_selects, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
-COLUMN, ROW = 0, 1
 #: Steps a product may take down a line before the line is left unknown.
 ROUNDS = 48
 
@@ -101,10 +100,10 @@ def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, l
         (r0, r1), (c0, c1) = p.rows, p.cols
         (sr, sc), (orr, oc) = p.stride, p.offset
         if axis == COLUMN:
-            on = _selects(fixed, (c0, c1), sc, oc)
+            on = axis_selects(fixed, (c0, c1), sc, oc)
             (x0, x1), mod, off = (r0, r1), sr, orr
         else:
-            on = _selects(fixed, (r0, r1), sr, orr)
+            on = axis_selects(fixed, (r0, r1), sr, orr)
             (x0, x1), mod, off = (c0, c1), sc, oc
         a = np.full(m, x0 or 0, dtype=_I64)
         b = np.full(m, _FAR if x1 is None else x1, dtype=_I64)
@@ -120,18 +119,6 @@ def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, l
     # band) the cell before the band
     x = np.where(~member, top, top - 1 if mod >= 2 else a - 1)
     return np.where(x >= lo, x, -1)
-
-
-def _selects(x: np.ndarray, rng: tuple[int | None, int | None], stride: int, offset: int) -> np.ndarray:
-    a, b = rng
-    m = np.ones(x.shape, dtype=bool)
-    if a is not None:
-        m &= x >= a
-    if b is not None:
-        m &= x < b
-    if stride > 1:
-        m &= (x - (a or 0)) % stride == offset
-    return m
 
 
 def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,

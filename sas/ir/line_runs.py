@@ -217,7 +217,8 @@ def _progression(ctx: _Context, line: np.ndarray, a: np.ndarray, b: np.ndarray, 
     return Runs(line[idx], x, x + 1, n_lines)
 
 
-def _axis_selects(x: np.ndarray, rng: tuple[int | None, int | None], stride: int, offset: int) -> np.ndarray:
+def axis_selects(x: np.ndarray, rng: tuple[int | None, int | None], stride: int, offset: int) -> np.ndarray:
+    """Which of the indices x a Rect axis (its range, stride and offset) selects."""
     a, b = rng
     m = np.ones(x.shape, dtype=bool)
     if a is not None:
@@ -439,10 +440,10 @@ def _rect(p: Rect, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     (r0, r1), (c0, c1) = p.rows, p.cols
     (sr, sc), (orr, oc) = p.stride, p.offset
     if axis == COLUMN:
-        on_line = _axis_selects(fixed, p.cols, sc, oc)
+        on_line = axis_selects(fixed, p.cols, sc, oc)
         rng, stride, off = (r0, r1), sr, orr
     else:
-        on_line = _axis_selects(fixed, p.rows, sr, orr)
+        on_line = axis_selects(fixed, p.rows, sr, orr)
         rng, stride, off = (c0, c1), sc, oc
     k = np.flatnonzero(on_line).astype(_I64)
     a = lo[k] if rng[0] is None else np.maximum(lo[k], rng[0])
@@ -544,4 +545,4 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     return from_disjoint(line, a, b, m)
 
 
-__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "line_runs", "unique_rows"]
+__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "axis_selects", "line_runs", "unique_rows"]
