@@ -215,12 +215,12 @@ def causal_within(pattern: Pattern, n: int) -> bool:
     if st.periodic:
         try:
             bad = upper_triangle_clear(pattern, st)
+            if bad is None:
+                return True
+            if bad[1] < n:
+                return False
         except AnalysisLimitError:          # a period too long to read: per token, as analyze does
-            bad = (n, n)                    # undecided: read the columns below
-        if bad is None:
-            return True
-        if bad[1] < n:
-            return False
+            pass
     return non_causal_cell(pattern, n) is None
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
-from sas.ir.line_runs import COLUMN, ROW, axis_selects, unique_rows
+from sas.ir.line_runs import COLUMN, ROW, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
@@ -32,7 +32,6 @@ from sas.lang.primitives import Diag, Dynamic, Rect
 ROUNDS = 48
 
 _I64 = np.int64
-_FAR = 1 << 62          # an unbounded end, past every index
 
 
 def last_cells(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray,
@@ -68,12 +67,8 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
                 best = np.maximum(best, x)
                 known &= k
             return best, known
-        terms = list(p.terms)
-        if not neg:
-            merged = merge_diags(p.terms)
-            if merged is None:
-                return np.full(m, -1, dtype=_I64), known
-            terms = merged
+        # a product's diagonals merged (never None here: provably_empty above reads the merge)
+        terms = list(p.terms) if neg else merge_diags(p.terms)
         return _intersection(terms, neg, axis, fixed, lo, hi)
     if isinstance(p, Spread):
         return _spread_last(p, neg, axis, fixed, lo, hi)
@@ -82,32 +77,9 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
 
 def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
                       hi: np.ndarray) -> np.ndarray:
-    """A Diag or Rect on each line: the positions a <= x < b with x = residue (mod `mod`) (none
-    where the line misses a Rect's rows or columns)."""
-    m = len(fixed)
-    if isinstance(p, Diag):
-        o, s, mod = p.offset, p.size, p.stride
-        on = np.ones(m, dtype=bool)
-        if axis == COLUMN:      # i - j in [o, o + s): i in [j + o, j + o + s)
-            a = fixed + o
-            b = np.full(m, _FAR, dtype=_I64) if s is None else fixed + o + s
-            residue = fixed + o
-        else:                   # j in (i - o - s, i - o]
-            a = np.full(m, -_FAR, dtype=_I64) if s is None else fixed - o - s + 1
-            b = fixed - o + 1
-            residue = fixed - o
-    else:
-        (r0, r1), (c0, c1) = p.rows, p.cols
-        (sr, sc), (orr, oc) = p.stride, p.offset
-        if axis == COLUMN:
-            on = axis_selects(fixed, (c0, c1), sc, oc)
-            (x0, x1), mod, off = (r0, r1), sr, orr
-        else:
-            on = axis_selects(fixed, (r0, r1), sr, orr)
-            (x0, x1), mod, off = (c0, c1), sc, oc
-        a = np.full(m, x0 or 0, dtype=_I64)
-        b = np.full(m, _FAR if x1 is None else x1, dtype=_I64)
-        residue = np.full(m, (x0 or 0) + off, dtype=_I64)
+    """A Diag or Rect on each line (`line_runs.progression`): its last member in [lo, hi), or
+    its last non-member."""
+    on, a, b, mod, residue = progression(p, axis, fixed)
     top = hi - 1
     if not neg:
         first = np.maximum(a, lo)

@@ -244,10 +244,8 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         return _merge_adjacent(np.arange(m, dtype=_I64), lo, hi, m)
     if isinstance(p, (And, Or, Spread)) and provably_empty(p):
         return _empty(m)
-    if isinstance(p, Diag):
-        return _diag(p, axis, fixed, lo, hi, ctx)
-    if isinstance(p, Rect):
-        return _rect(p, axis, fixed, lo, hi, ctx)
+    if isinstance(p, (Diag, Rect)):
+        return _primitive(p, axis, fixed, lo, hi, ctx)
     if isinstance(p, Not):
         if isinstance(p.a, Not):            # ~~a = a: two complements of the same runs
             return _runs(p.a.a, axis, fixed, lo, hi, ctx)
@@ -258,9 +256,7 @@ def _runs(p: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarr
         # never outnumber the coarsest term's, a band (`Causal()`) bounds the range of
         # everything after it, and a bounded strided Rect is read before an endless strided
         # Diag (which alone makes a run every few cells of every line).
-        merged = merge_diags(p.terms)
-        if merged is None:                  # strided diagonals that share no diagonal
-            return _empty(m)
+        merged = merge_diags(p.terms)       # not None: provably_empty above reads the same merge
         # A strided diagonal's band (one run a line) bounds the range of the terms after it:
         # `spread * Diag(52, None, stride=5)` reads the spread only below the band's start,
         # where the diagonal alone would make a run every 5 cells of every line.
@@ -423,33 +419,45 @@ def _inside(p: Pattern, within: Runs, axis: int, fixed: np.ndarray, ctx: _Contex
     return _merge_adjacent(within.line[sub.line], sub.start, sub.stop, within.n_lines)
 
 
-def _diag(p: Diag, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
-    o, s, t = p.offset, p.size, p.stride
-    if axis == COLUMN:      # i - j in [o, o + s): i in [j + o, j + o + s), i = j + o (mod t)
-        a = np.maximum(lo, fixed + o)
-        b = hi if s is None else np.minimum(hi, fixed + o + s)
-        residue = fixed + o
-    else:                   # j in (i - o - s, i - o], j = i - o (mod t)
-        a = lo if s is None else np.maximum(lo, fixed - o - s + 1)
-        b = np.minimum(hi, fixed - o + 1)
-        residue = fixed - o
-    return _progression(ctx, np.arange(len(fixed), dtype=_I64), a, b, t, residue, len(fixed))
+#: An end past every index, for a primitive unbounded on that side of a line.
+FAR = 1 << 62
 
 
-def _rect(p: Rect, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+def progression(p: Diag | Rect, axis: int, fixed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int,
+                                                                        np.ndarray]:
+    """A Diag or Rect along each line as a progression: (on, a, b, mod, residue), the line
+    attending the positions a <= x < b with x = residue (mod `mod`) where `on` (a Rect misses the
+    lines outside its rows or columns); an open end is -FAR or FAR."""
+    m = len(fixed)
+    if isinstance(p, Diag):
+        o, s = p.offset, p.size
+        on = np.ones(m, dtype=bool)
+        if axis == COLUMN:      # i - j in [o, o + s): i in [j + o, j + o + s), i = j + o (mod t)
+            a = fixed + o
+            b = np.full(m, FAR, dtype=_I64) if s is None else fixed + o + s
+            residue = fixed + o
+        else:                   # j in (i - o - s, i - o], j = i - o (mod t)
+            a = np.full(m, -FAR, dtype=_I64) if s is None else fixed - o - s + 1
+            b = fixed - o + 1
+            residue = fixed - o
+        return on, a, b, p.stride, residue
     (r0, r1), (c0, c1) = p.rows, p.cols
     (sr, sc), (orr, oc) = p.stride, p.offset
     if axis == COLUMN:
-        on_line = axis_selects(fixed, p.cols, sc, oc)
-        rng, stride, off = (r0, r1), sr, orr
+        on = axis_selects(fixed, (c0, c1), sc, oc)
+        (x0, x1), mod, off = (r0, r1), sr, orr
     else:
-        on_line = axis_selects(fixed, p.rows, sr, orr)
-        rng, stride, off = (c0, c1), sc, oc
-    k = np.flatnonzero(on_line).astype(_I64)
-    a = lo[k] if rng[0] is None else np.maximum(lo[k], rng[0])
-    b = hi[k] if rng[1] is None else np.minimum(hi[k], rng[1])
-    residue = np.full(len(k), (rng[0] or 0) + off, dtype=_I64)
-    return _progression(ctx, k, a, b, stride, residue, len(fixed))
+        on = axis_selects(fixed, (r0, r1), sr, orr)
+        (x0, x1), mod, off = (c0, c1), sc, oc
+    a = np.full(m, x0 or 0, dtype=_I64)
+    b = np.full(m, FAR if x1 is None else x1, dtype=_I64)
+    return on, a, b, mod, np.full(m, (x0 or 0) + off, dtype=_I64)
+
+
+def _primitive(p: Diag | Rect, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndarray, ctx: _Context) -> Runs:
+    on, a, b, mod, residue = progression(p, axis, fixed)
+    k = np.arange(len(fixed), dtype=_I64) if on.all() else np.flatnonzero(on).astype(_I64)
+    return _progression(ctx, k, np.maximum(lo[k], a[k]), np.minimum(hi[k], b[k]), mod, residue[k], len(fixed))
 
 
 def _complement(r: Runs, lo: np.ndarray, hi: np.ndarray) -> Runs:
@@ -545,4 +553,5 @@ def _spread(p: Spread, axis: int, fixed: np.ndarray, lo: np.ndarray, hi: np.ndar
     return from_disjoint(line, a, b, m)
 
 
-__all__ = ["COLUMN", "DENSE_CELLS", "ROW", "RUN_LIMIT", "Runs", "from_disjoint", "axis_selects", "line_runs", "unique_rows"]
+__all__ = ["COLUMN", "DENSE_CELLS", "FAR", "ROW", "RUN_LIMIT", "Runs", "axis_selects", "from_disjoint", "line_runs",
+           "progression", "unique_rows"]
