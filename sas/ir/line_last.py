@@ -10,11 +10,13 @@ by a lattice) is answered without building them.
 Each node answers for itself and for its complement (`neg`):
 - a `Diag` or `Rect` is a progression on each line: its last member, or its last non-member
   (the last position, the one before it, or the cell before the band);
-- a sum of the attended (a product of the complements) is the largest of its terms' answers;
-- a product of the attended (a sum of the complements) steps down: every term answers at or
-  below the position so far, the smallest answer is the next position, until all terms agree
-  (the line's answer) or one has none; lines that have not agreed after `ROUNDS` steps are
-  left unknown (`known` False) for the caller's run-based search;
+- a sum of the attended (a product of the complements) is the largest of its terms' answers,
+  each term asked only above the best answer of the terms before it;
+- a product of the attended (a sum of the complements) steps down: each term in turn answers at
+  or below the position so far, which becomes its answer, until all terms agree (the line's
+  answer) or one has none; a term that answered the position itself is not asked again until
+  the position drops below it (a leapfrog join); lines that have not agreed after `ROUNDS`
+  passes over the terms are left unknown (`known` False) for the caller's run-based search;
 - a spread asks its layout for the last on-block (off-block) and its unit for the last cell
   (non-cell) inside it: the top block, partly in range, first, then the blocks below.
 """
@@ -28,10 +30,12 @@ from sas.ir.line_runs import COLUMN, ROW, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
-#: Steps a product may take down a line before the line is left unknown.
+#: Passes over its terms a product may take down a line before the line is left unknown.
 ROUNDS = 48
 
 _I64 = np.int64
+#: Above every position: a term not yet asked.
+_ABOVE = np.iinfo(np.int64).max
 
 
 def last_cells(pattern: Pattern, axis: int, fixed: np.ndarray, lo: np.ndarray,
@@ -61,11 +65,17 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
         return _progression_last(p, neg, axis, fixed, lo, hi), known
     if isinstance(p, (And, Or)):
         if isinstance(p, Or) != neg:            # a union: the largest answer
-            best = np.full(m, -1, dtype=_I64)
-            for t in p.terms:
-                x, k = _last(t, neg, axis, fixed, lo, hi)
-                best = np.maximum(best, x)
-                known &= k
+            # the first term on every line, each next one only above the best answer so far
+            # and on the lines where it can still raise it
+            best, known = (x.copy() for x in _last(p.terms[0], neg, axis, fixed, lo, hi))
+            for t in p.terms[1:]:
+                start = np.maximum(lo, best + 1)
+                ask = np.flatnonzero(start < hi)
+                if not len(ask):
+                    break
+                x, k = _last(t, neg, axis, fixed[ask], start[ask], hi[ask])
+                best[ask] = np.maximum(best[ask], x)
+                known[ask] &= k
             return best, known
         # a product's diagonals merged (never None here: provably_empty above reads the merge)
         terms = list(p.terms) if neg else merge_diags(p.terms)
@@ -96,28 +106,41 @@ def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, l
 def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
                   hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The last position where every term holds (each negated when `neg`): step down until the
-    terms agree (module doc)."""
+    terms agree (module doc). A term is asked again only on the lines where its last answer
+    lies above the position so far (one that answered the position itself still holds there),
+    and each answer lowers the position before the next term is asked (a leapfrog join)."""
     m = len(fixed)
     out = np.full(m, -1, dtype=_I64)
     known = np.ones(m, dtype=bool)
     live = np.flatnonzero(hi > lo).astype(_I64)
     top = hi[live] - 1
+    xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
+    sure = np.ones(len(live), dtype=bool)
     for _ in range(ROUNDS):
         if not len(live):
             return out, known
-        f, a = fixed[live], lo[live]
-        least = top.copy()
-        agree = np.ones(len(live), dtype=bool)
-        sure = np.ones(len(live), dtype=bool)
-        for t in terms:
-            x, k = _last(t, neg, axis, f, a, top + 1)
-            sure &= k
-            agree &= x == top
-            least = np.minimum(least, x)
-        done = agree | (least < 0) | ~sure
+        for t, term in enumerate(terms):
+            want = (xs[t] > top) & (top >= 0) & sure
+            if want.all():                      # every line (a first round): no gathers
+                at = live
+                x, k = _last(term, neg, axis, fixed[at], lo[at], top + 1)
+                xs[t] = x
+                sure &= k
+                np.minimum(top, x, out=top)
+                continue
+            ask = np.flatnonzero(want)
+            if len(ask):
+                at = live[ask]
+                x, k = _last(term, neg, axis, fixed[at], lo[at], top[ask] + 1)
+                xs[t, ask] = x
+                sure[ask] &= k
+                top[ask] = np.minimum(top[ask], x)
+        agree = (xs == top).all(axis=0)
+        done = agree | (top < 0) | ~sure
         out[live[done]] = np.where(agree[done], top[done], -1)
         known[live[done]] = sure[done]
-        live, top = live[~done], least[~done]
+        keep = ~done
+        live, top, xs, sure = live[keep], top[keep], xs[:, keep], sure[keep]
     known[live] = False
     return out, known
 
