@@ -281,3 +281,38 @@ def test_strided_diagonals_of_different_residues_build_no_runs():
     assert len(line_runs(p, COLUMN, j, j, np.full(n, n), limit=1)) == 0      # 1 run allowed: none built
     with pytest.raises(AnalysisError, match="empty"):
         analyze((Rect(size=(1, 4)) >> p) * Causal(), 1 << 16)
+
+
+def test_column_shapes_stop_early_on_an_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 87 column shapes of a few runs each: with a limit of 50 runs and passes of 8 shapes, the
+    # estimate from 16 shapes stops the analysis before any pass, and analyze goes on per token
+    import sas.analysis.columns as columns_module
+    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
+    want = analyze(p, max_len=4096)
+    assert want.structure.periodic and want.cache_size > 0
+    calls = []
+    real = columns_module.line_runs
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[2]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(columns_module, "line_runs", counted)
+    monkeypatch.setattr(columns_module, "CHUNK_LINES", 8)
+    monkeypatch.setattr(columns_module, "SAMPLE_LINES", 16)
+    st = structure(p).within(4096)
+    for limit, stops in ((50, True), (4000, False)):
+        monkeypatch.setattr(columns_module, "RUN_LIMIT", limit)
+        calls.clear()
+        if stops:
+            with pytest.raises(AnalysisError, match="estimated from 16 of the 87 shapes"):
+                column_shapes(p, st)
+            assert calls == [16]                   # the sample only
+        else:
+            cols = column_shapes(p, st)             # under the limit: every pass
+            assert calls == [16] + [8] * 10 + [7]
+            assert cols.ptr[-1] <= limit
+    monkeypatch.setattr(columns_module, "RUN_LIMIT", 50)
+    got = analyze(p, max_len=4096)
+    assert any("stopped at its limit" in note and "estimated" in note for note in got.notes)
+    assert got.cache_size == want.cache_size

@@ -32,6 +32,11 @@ from sas.lang.pattern import Pattern
 SHAPE_LIMIT = 1 << 22
 #: Column shapes derived per pass of the run algebra.
 CHUNK_LINES = 1 << 16
+#: Column shapes read first, evenly spread, to estimate the runs of all of them when there are
+#: more than a pass's worth; the analysis stops at once when the estimate passes
+#: `ESTIMATE_MARGIN` times the runs limit (it would stop at the limit, seconds later).
+SAMPLE_LINES = 1 << 12
+ESTIMATE_MARGIN = 2
 
 _I64 = np.int64
 
@@ -309,6 +314,8 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     # CHUNK_LINES columns at a time: the run algebra's temporaries (a few dozen arrays of the
     # lines' length) are then reused from chunk to chunk instead of touching fresh memory for
     # every column at once (a million classes: 200 MiB and most of the first analysis's time)
+    if len(keys) > CHUNK_LINES:
+        _estimate_runs(pattern, keys, D, Q)
     counts, starts, stops = [], [], []
     total = 0
     for c0 in range(0, len(keys), CHUNK_LINES):
@@ -321,6 +328,20 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     ptr = np.zeros(len(keys) + 1, dtype=_I64)
     np.cumsum(np.concatenate(counts), out=ptr[1:])
     return ColumnShapes(T, P, Q, D, ptr, np.concatenate(starts), np.concatenate(stops))
+
+
+def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> None:
+    """Refuse column shapes whose runs, estimated from `SAMPLE_LINES` of them evenly spread (runs
+    per cell read, times the cells of all), pass `ESTIMATE_MARGIN` times the runs limit."""
+    pick = np.unique(np.linspace(0, len(keys) - 1, SAMPLE_LINES).astype(_I64))
+    k = keys[pick]
+    r = line_runs(pattern, COLUMN, k, k, k + D[pick] + Q, limit=RUN_LIMIT)
+    cells = (D + Q).astype(np.float64)
+    estimate = len(r) / float(cells[pick].sum()) * float(cells.sum())
+    if estimate > ESTIMATE_MARGIN * RUN_LIMIT:
+        raise AnalysisLimitError(f"the column shapes need about {estimate:.3g} runs (estimated from "
+                                 f"{len(pick)} of the {len(keys)} shapes), more than the limit {RUN_LIMIT} "
+                                 f"(the runs limit)")
 
 
 def upper_triangle_clear(pattern: Pattern, st: Structure) -> tuple[int, int] | None:
