@@ -47,6 +47,7 @@ from typing import Callable
 import numpy as np
 
 from sas.errors import AnalysisLimitError
+from sas.ir.envelope import attended_extent
 from sas.ir.line_last import last_cells
 from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
 from sas.lang.pattern import And, Or, Pattern
@@ -233,7 +234,17 @@ def _sum_terms(p: Pattern) -> list[Pattern]:
 
 
 def last_use(pattern: Pattern, n: int) -> np.ndarray:
-    """Last query i < n attending each key j < n (int64, -1 when none does), exactly."""
+    """Last query i < n attending each key j < n (int64, -1 when none does), exactly. Rows and
+    keys past where the pattern's envelope ends (`sas.ir.envelope`) are not searched."""
+    rows, _ = attended_extent(pattern, n, n)
+    out = np.full(n, -1, dtype=_I64)
+    if rows:
+        out[:rows] = _last_use_below(pattern, rows)
+    return out
+
+
+def _last_use_below(pattern: Pattern, n: int) -> np.ndarray:
+    """`last_use` over rows and keys below n."""
     read = 0
 
     def count(k: int) -> None:
@@ -329,7 +340,9 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
 
 
 def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
-    """A cell (i, j) with i < j < n that the pattern attends, or None when it is causal below n."""
+    """A cell (i, j) with i < j < n that the pattern attends, or None when it is causal below n
+    (keys past the pattern's envelope not searched)."""
+    _, n = attended_extent(pattern, n, n)
     for c0 in range(0, n, CHUNK):
         j = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
         for cols, r in _runs(pattern, j, np.zeros(len(j), dtype=_I64), j):
