@@ -69,3 +69,17 @@ def test_a_pattern_that_stops_is_analyzed_up_to_its_end() -> None:
     np.testing.assert_array_equal(a.cache_ids(1024), small.cache_ids(1024))
     with pytest.raises(EmptyPatternError):
         analyze(DRIFT * Rect(rows=(600, None)), max_len=1 << 20)
+
+
+def test_an_envelope_that_shrinks_with_the_box() -> None:
+    # empty, but every box n gives a region ending a few rows below n, and the next box a few
+    # rows below that (the fuzzer's #262, which once sent the search down n / 5 nested calls)
+    p = ((Diag(-6, 1, stride=2) + ((Rect(size=(2, 2)) >> (Rect(size=(3, 3)) * (Rect(size=(4, 4))
+          >> Diag(-2, 1, stride=21)))) >> ((Rect(rows=(0, 16), cols=(0, 1), stride=(2, 20), offset=(1, 8))
+                                            + Causal()) * (Rect(size=(6, 5)) >> Diag(-7, 3, stride=3)))))
+         * Diag(10, 1, stride=3) * (Rect(rows=(3, 4), cols=(0, 3), stride=(2, 1)) >> Rect(rows=(3, None)))
+         * Diag(1, None) * Causal())
+    n = 1 << 20
+    assert attended_extent(p, n, n)[0] < n
+    with pytest.raises(EmptyPatternError):
+        analyze(p, max_len=n)
