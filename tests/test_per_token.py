@@ -63,16 +63,19 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 #: the search's steps: (rows first, cell by cell past their limit, all rows of the columns
 #: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
 #: allowed on top of those, growth of the windows, terms of a sum searched apart, windows of
-#: rows, steps of the last-cell query (0: not asked)); limits of 0 or 1 make those steps fail
+#: rows, steps of the last-cell query (0: not asked), runs a column after which the next chunks
+#: ask the last cells first (0: always after the first chunk)); limits of 0 or 1 make those steps fail
 #: (or pass only when nothing or almost nothing is attended)
 SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
                          st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
-                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 48]))
+                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 48]), st.sampled_from([0, 1, 4]))
 
 
 def _last_use_with(q, n: int, steps) -> np.ndarray:
-    rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, rounds = steps
+    (rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, rounds,
+     cells_first) = steps
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", cells_first)
         mp.setattr(per_token, "LAST_CELLS", rounds > 0)
         mp.setattr(line_last, "ROUNDS", max(rounds, 1))
         mp.setattr(per_token, "CHUNK", 7)
@@ -315,3 +318,23 @@ def test_coprime_strides_at_2_24_are_analysed() -> None:
     assert a.cache_size == -(-2**24 // 4093)          # every key on the lattice stays to the end
     assert any("analysed per token" in note for note in a.notes)
     assert causal_within(p, 2**24) and not causal_within(Rect(stride=(4099, 4093)), 2**24)
+
+
+def test_chunks_after_columns_of_many_runs_ask_the_last_cells_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a band of 18 rows below each key, cut by two drifting spreads: about 5 runs a column (the
+    # fuzzer's #1138); after the first chunk's runs, the last cells settle every next chunk
+    p = ((((Rect(rows=(0, 2), cols=(0, 4)) >> Diag(4, None, stride=2)) * Causal())
+          + (Causal() * (Rect(rows=(1, 2), cols=(1, 5), stride=(2, 2)) >> Causal()))) * Diag(1, 18) * Causal())
+    n = 2048
+    calls = []
+    whole, cells = per_token._whole, per_token.last_cells
+    monkeypatch.setattr(per_token, "_whole", lambda *a: calls.append("whole") or whole(*a))
+    monkeypatch.setattr(per_token, "last_cells", lambda *a: calls.append("cells") or cells(*a))
+    monkeypatch.setattr(per_token, "CHUNK", 512)
+    got = per_token.last_use(p, n)
+    np.testing.assert_array_equal(got, brute_last_use(p.to_mask(n)))
+    assert calls == ["whole", "cells", "cells", "cells"]
+    calls.clear()
+    monkeypatch.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", 6)     # more than it reads
+    np.testing.assert_array_equal(per_token.last_use(p, n), got)
+    assert calls == ["whole"] * 4

@@ -86,6 +86,9 @@ ROW_WINDOWS = True
 #: After step 2, the last attended row of each column left from the tree (`sas.ir.line_last`),
 #: without its runs; the columns it leaves unknown go on by windows.
 LAST_CELLS = True
+#: ... and before step 2 in the chunks after one whose step 2 read at least this many runs a
+#: column (the last cells are then found for less than their runs cost).
+CELLS_FIRST_RUNS_PER_COLUMN = 4
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -287,6 +290,7 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
             width = GROWTH * FIRST_WINDOW
     rowed = not (windows and ROW_WINDOWS and width > FIRST_WINDOW)   # row windows: once, if step 1 read rows
     whole_first = WHOLE_FIRST
+    cells_first = False
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
         hi, w = end, width
@@ -297,7 +301,17 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
             todo = todo[base[todo] < hi]         # no row left to search below the window's end
             if not len(todo):
                 break
-            if len(todo) < failed and (whole_first or not first):
+            whole = len(todo) < failed and (whole_first or not first)
+            if LAST_CELLS and not queried and (cells_first or not whole):
+                # the last attended row of each column left, from the tree (no runs built): a
+                # column of many runs (a drifting spread cut by a lattice) is settled here
+                queried = True
+                last, known = last_cells(pattern, COLUMN, todo, base[todo], np.full(len(todo), hi, dtype=_I64))
+                settled = todo[known]
+                out[settled] = np.maximum(out[settled], last[known])
+                base[settled] = n
+                continue
+            if whole:
                 # all the rows of the columns left at once, when they hold few runs (columns
                 # attended only near their key, or not at all), else on by windows
                 r = _whole(pattern, todo, base[todo], hi)
@@ -307,16 +321,10 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
                     count(len(r))
                     _record(out, todo, r)
                     base[todo] = n
+                    # many runs a column: the next chunks ask the last cells first
+                    cells_first = len(r) >= CELLS_FIRST_RUNS_PER_COLUMN * len(todo)
                     break
                 failed = len(todo)
-            if LAST_CELLS and not queried:
-                # the last attended row of each column left, from the tree (no runs built): a
-                # column of many runs (a drifting spread cut by a lattice) is settled here
-                queried = True
-                last, known = last_cells(pattern, COLUMN, todo, base[todo], np.full(len(todo), hi, dtype=_I64))
-                settled = todo[known]
-                out[settled] = np.maximum(out[settled], last[known])
-                base[settled] = n
                 continue
             if not windows:
                 break
@@ -352,5 +360,6 @@ def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
 
 
 __all__ = ["CHUNK", "CHUNK_RUNS", "DENSE_COLUMNS", "DENSE_LAST_ROWS", "DISTRIBUTE", "FIRST_WINDOW", "GROWTH", "LAST_CELLS",
+           "CELLS_FIRST_RUNS_PER_COLUMN",
            "ROWS_FIRST", "ROW_RUNS_PER_KEY", "ROW_WINDOWS", "TOTAL_RUNS", "WHOLE_FIRST",
            "WHOLE_RUNS_MIN", "WHOLE_RUNS_PER_COLUMN", "last_use", "non_causal_cell", "range_max"]
