@@ -94,7 +94,7 @@ def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, l
     if not neg:
         first = np.maximum(a, lo)
         last = np.minimum(b, hi) - 1
-        x = last - (last - residue) % mod
+        x = last if mod == 1 else last - (last - residue) % mod
         return np.where(on & (last >= first) & (x >= first), x, -1)
     member = on & (top >= a) & (top < b) & ((top - residue) % mod == 0)
     # the line's last position if it is off; else (stride >= 2) the one before it; else (one
@@ -176,44 +176,51 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
     btop = (b - 1) // along                     # the top block, partly in range
     bot = a // along                            # the bottom block, partly in range
 
-    def layout(neg_: bool, b0: np.ndarray, b1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _distinct(p.layout, neg_, axis, bline, b0, b1)
+    def layout(lines: np.ndarray, neg_: bool, b0: np.ndarray, b1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _distinct(p.layout, neg_, axis, lines, b0, b1)
 
-    def unit(neg_: bool, u0: np.ndarray, u1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _distinct(p.unit, neg_, axis, uline, u0, u1)
+    def unit(at: np.ndarray, u0: np.ndarray, u1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _distinct(p.unit, neg, axis, uline[at], u0, u1)
 
-    # the top block: its unit cells (non-cells) from the range's start in it to the range's end
-    t_on, k1 = layout(False, btop, btop + 1)
-    t_on = t_on == btop
-    u_lo = np.maximum(a - btop * along, 0)
-    ux, k2 = unit(neg, u_lo, b - btop * along)
-    top_x = np.where(ux >= 0, btop * along + ux, -1)
-    if neg:                                     # an off top block: the range's last position
-        top_x = np.where(t_on, top_x, b - 1)
-    else:
-        top_x = np.where(t_on, top_x, -1)
-    sure = k1 & k2
-    # the blocks below the top one: the last on-block (every whole block holds its unit line's
-    # last cell, or non-cell, at the same place, so the last on-block holds the largest; the
-    # bottom block only from the range's start), and for the complement the last off-block too
-    # (its last position)
-    below = btop > bot
-    best = top_x
-    full_u, k3 = unit(neg, np.zeros(len(f), dtype=_I64), np.full(len(f), along, dtype=_I64))
-    sure &= k3
-    b_on, k4 = layout(False, bot, np.maximum(btop, bot))
-    sure &= k4
-    whole = below & (b_on > bot) & (full_u >= 0)
-    best = np.maximum(best, np.where(whole, b_on * along + full_u, -1))
-    at_bot = below & (b_on == bot)
-    if at_bot.any():
-        ub, k5 = unit(neg, np.where(at_bot, a - bot * along, 0), np.where(at_bot, along, 0))
-        sure &= k5 | ~at_bot
-        best = np.maximum(best, np.where(at_bot & (ub >= 0), bot * along + ub, -1))
-    if neg:
-        b_off, k6 = layout(True, bot, np.maximum(btop, bot))
-        sure &= k6
-        best = np.maximum(best, np.where(below & (b_off >= 0), (b_off + 1) * along - 1, -1))
+    # the last on-block up to the top one (partly in range)
+    last_on, sure = layout(bline, False, bot, btop + 1)
+    sure = sure.copy()
+    top_on = last_on == btop
+    # an off top block (complement): the range's last position; an on one: its unit's last cell
+    # (non-cell) from the range's start in it to the range's end
+    best = np.where(top_on, -1, b - 1) if neg else np.full(len(f), -1, dtype=_I64)
+    at = np.flatnonzero(top_on)
+    if len(at):
+        x, k = unit(at, np.maximum(a[at] - btop[at] * along, 0), b[at] - btop[at] * along)
+        best[at] = np.where(x >= 0, btop[at] * along + x, -1)
+        sure[at] &= k
+    # the blocks below the top one, on the lines the top block leaves unanswered: the last
+    # on-block (every whole block holds its unit line's last cell, or non-cell, at the same
+    # place, so the last on-block holds the largest; the bottom block only from the range's
+    # start), and for the complement the last off-block too (its last position)
+    need = np.flatnonzero((best < 0) & (btop > bot))
+    if len(need):
+        below_on = last_on[need]
+        again = np.flatnonzero(top_on[need])          # the last on-block was the top one
+        if len(again):
+            i = need[again]
+            below_on[again], k = layout(bline[i], False, bot[i], btop[i])
+            sure[i] &= k
+        whole, at_bot = need[below_on > bot[need]], need[below_on == bot[need]]
+        on_at = np.empty(len(f), dtype=_I64)
+        on_at[need] = below_on
+        if len(whole):
+            x, k = unit(whole, np.zeros(len(whole), dtype=_I64), np.full(len(whole), along, dtype=_I64))
+            best[whole] = np.where(x >= 0, on_at[whole] * along + x, -1)
+            sure[whole] &= k
+        if len(at_bot):
+            x, k = unit(at_bot, a[at_bot] - bot[at_bot] * along, np.full(len(at_bot), along, dtype=_I64))
+            best[at_bot] = np.where(x >= 0, bot[at_bot] * along + x, -1)
+            sure[at_bot] &= k
+        if neg:
+            x, k = layout(bline[need], True, bot[need], btop[need])
+            best[need] = np.maximum(best[need], np.where(x >= 0, (x + 1) * along - 1, -1))
+            sure[need] &= k
     out[live] = best
     known[live] = sure
     return out, known
