@@ -22,6 +22,7 @@ bounds on the rows and keys to search.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import shapely
 from shapely import affinity
@@ -41,6 +42,7 @@ def _box(x0: float, y0: float, x1: float, y1: float) -> Polygon:
     return shapely.box(x0, y0, x1, y1) if x1 > x0 and y1 > y0 else Polygon()
 
 
+@lru_cache(maxsize=4096)
 def envelope(p: Pattern, rows: int, cols: int) -> Polygon:
     """A convex polygon in [0, cols] x [0, rows] holding the squares of the cells p attends
     there (module doc); empty when p provably attends none."""
@@ -101,4 +103,15 @@ def attended_extent(p: Pattern, rows: int, cols: int) -> tuple[int, int]:
     return min(rows, math.floor(y1 + slack)), min(cols, math.floor(x1 + slack))
 
 
-__all__ = ["attended_extent", "envelope"]
+#: The box `node_extent` reads a node's region in (any line or position past it: no bound).
+NODE_BOX = 1 << 32
+
+
+@lru_cache(maxsize=4096)
+def node_extent(p: Pattern) -> tuple[int, int]:
+    """`attended_extent` of p in the `NODE_BOX` square: (NODE_BOX, NODE_BOX) where p reaches
+    its edges (no bound), bounds a few cells loose (the slack at that size)."""
+    return attended_extent(p, NODE_BOX, NODE_BOX)
+
+
+__all__ = ["NODE_BOX", "attended_extent", "envelope", "node_extent"]

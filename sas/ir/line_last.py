@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
+from sas.ir.envelope import NODE_BOX, node_extent
 from sas.ir.line_runs import COLUMN, ROW, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
@@ -63,6 +64,9 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
         return (np.where(hi > lo, hi - 1, -1) if neg else np.full(m, -1, dtype=_I64)), known
     if isinstance(p, (Diag, Rect)):
         return _progression_last(p, neg, axis, fixed, lo, hi), known
+    bounded = _within_extent(p, neg, axis, fixed, lo, hi)
+    if bounded is not None:
+        return bounded
     if isinstance(p, (And, Or)):
         if isinstance(p, Or) != neg:            # a union: the largest answer
             # the first term on every line, each next one only above the best answer so far
@@ -83,6 +87,37 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
     if isinstance(p, Spread):
         return _spread_last(p, neg, axis, fixed, lo, hi)
     raise TypeError(f"last_cells: unknown pattern node {type(p).__name__}")
+
+
+def _within_extent(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`_last` of a sum, product or spread whose envelope (`sas.ir.envelope.node_extent`) ends
+    before the lines or positions asked: past it, p holds nowhere, so its complement holds at
+    the range's last position; p itself is asked only on the lines that reach into it, cut to
+    its extent. None where the extent cuts nothing."""
+    if not isinstance(p, (And, Or, Spread)):
+        return None
+    rows, cols = node_extent(p)
+    if max(rows, cols) >= NODE_BOX and max(int(hi.max()), int(fixed.max()) + 1) > NODE_BOX:
+        return None                         # past the box, a region reaching its edge may go on
+    line_end, pos_end = (cols, rows) if axis == COLUMN else (rows, cols)
+    if int(hi.max()) <= pos_end and int(fixed.max()) < line_end:
+        return None
+    inside = fixed < line_end
+    if neg:                                 # the complement holds past the extent
+        beyond = ~inside | (hi > pos_end)
+        if not beyond.any():
+            return None
+        x, known = np.where(hi > lo, hi - 1, -1), np.ones(len(fixed), dtype=bool)
+        ask = np.flatnonzero(~beyond)
+        if len(ask):
+            x[ask], known[ask] = _last(p, neg, axis, fixed[ask], lo[ask], hi[ask])
+        return x, known
+    x, known = np.full(len(fixed), -1, dtype=_I64), np.ones(len(fixed), dtype=bool)
+    ask = np.flatnonzero(inside & (lo < pos_end))
+    if len(ask):
+        x[ask], known[ask] = _last(p, neg, axis, fixed[ask], lo[ask], np.minimum(hi[ask], pos_end))
+    return x, known
 
 
 def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
