@@ -177,6 +177,8 @@ def _summary(results: list[tuple[str, float, str, str]], what: str, n: int, mark
         print(f"| {kind} | {c} |" if markdown else f"  {kind}: {c}")
     print(f"\nanalysis time: p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms "
           f"(slowest: {slowest[3][:120]}, {slowest[0]})")
+    over = sorted((r for r in results if r[1] > 1.0), key=lambda r: -r[1])
+    print(f"over 1 s: {len(over)}" + "".join(f"; {r[3][:48]} {r[1]:.2f} s ({r[0]})" for r in over))
 
 
 HARD = {

@@ -17,7 +17,9 @@ here from the runs of attended cells along the columns, derived from the pattern
      one such pass over its columns); else their last attended rows from the tree without
      their runs (`sas.ir.line_last.last_cells`: a column of many runs, as the complement of a
      drifting spread cut by a lattice, is settled there), the columns it leaves unknown (a
-     product whose terms did not agree within its steps) going on to step 3;
+     product whose terms did not agree within its steps) going on to step 3; after a chunk
+     whose runs came to `CELLS_FIRST_RUNS_PER_COLUMN` or more a column, the next chunks ask
+     the last cells first and read runs only for the columns left unknown;
   3. the keys still left by windows going back from the end, `[n - 5W, n - W)` after
      `[n - W, n)` and so on (each `GROWTH` times the last): first along the rows, all keys
      at once, while the windows hold few runs (`ROW_RUNS_PER_KEY * n` a window; each window's
@@ -33,6 +35,10 @@ here from the runs of attended cells along the columns, derived from the pattern
   windows (a long stride) does not make the search of the others go by windows too.
 - causality: the runs of each column above the diagonal (rows `0 <= i < j`), which must be
   empty (a product with `Causal()` is bounded by it first: no run is built there).
+
+Both stop where the pattern's envelope ends (`sas.ir.envelope`): the rows and keys past the
+last one a convex superset of its cells reaches are not searched (a band of the block grid
+spread over non-square blocks against a band of the cell grid ends near the origin).
 
 Memory is O(chunk + n): the `n` last uses and the runs of one chunk (along rows: at most
 `CHUNK_RUNS` runs, and a segment tree of 2n entries). A window whose runs pass `CHUNK_RUNS` is split in halves (a

@@ -18,7 +18,10 @@ Each node answers for itself and for its complement (`neg`):
   the position drops below it (a leapfrog join); lines that have not agreed after `ROUNDS`
   passes over the terms are left unknown (`known` False) for the caller's run-based search;
 - a spread asks its layout for the last on-block (off-block) and its unit for the last cell
-  (non-cell) inside it: the top block, partly in range, first, then the blocks below.
+  (non-cell) inside it: the top block, partly in range, first, then the blocks below;
+- a sum, product or spread whose envelope (`sas.ir.envelope.node_extent`) ends before a line or
+  a range's end answers there without its subtree: nothing past the extent, and for its
+  complement the range's last position.
 """
 
 from __future__ import annotations
