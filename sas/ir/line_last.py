@@ -187,8 +187,10 @@ def _distinct(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarra
               hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`_last` asked once per distinct (line, lo, hi): a spread's neighbouring lines share
     their layout's block line and their unit's line (and a chunk of columns its range's end),
-    so nested spreads ask each level for ever fewer lines."""
-    if len(fixed) < 2:
+    so nested spreads ask each level for ever fewer lines. A primitive answers a line for less
+    than the sort that finds its repeats, and distinct lines cannot repeat: both are asked as
+    they are."""
+    if len(fixed) < 2 or isinstance(p, (Diag, Rect)) or bool((np.diff(fixed) > 0).all()):
         return _last(p, neg, axis, fixed, lo, hi)
     (f, a, b), which = unique_rows(fixed, lo, hi)
     if len(f) == len(fixed):
