@@ -52,7 +52,7 @@ def _diag_end(d: Diag) -> int | None:
     return None if d.size is None else d.offset + d.size
 
 
-def _axis_span(rng: tuple[int | None, int | None], offset: int) -> tuple[int, int | None]:
+def axis_span(rng: tuple[int | None, int | None], offset: int) -> tuple[int, int | None]:
     """The first index >= 0 a Rect axis selects and the end of its range (None: unbounded)."""
     a, b = rng
     return (a or 0) + offset, b
@@ -72,7 +72,7 @@ def provably_empty(p: Pattern) -> bool:
     """True when p selects no cell (i, j) with i, j >= 0 (module doc); exact where True."""
     if isinstance(p, Rect):
         return any(b is not None and first >= b
-                   for first, b in (_axis_span(r, o) for r, o in zip((p.rows, p.cols), p.offset)))
+                   for first, b in (axis_span(r, o) for r, o in zip((p.rows, p.cols), p.offset)))
     if isinstance(p, Or):
         return all(provably_empty(t) for t in p.terms)
     if isinstance(p, Spread):
@@ -90,7 +90,7 @@ def provably_empty(p: Pattern) -> bool:
     # the rows and columns every Rect admits: [first, end) on each axis
     box = []
     for axis in (0, 1):
-        spans = [_axis_span((r.rows, r.cols)[axis], r.offset[axis]) for r in rects]
+        spans = [axis_span((r.rows, r.cols)[axis], r.offset[axis]) for r in rects]
         first = max(s[0] for s in spans)
         ends = [s[1] for s in spans if s[1] is not None]
         end = min(ends) if ends else None
@@ -103,4 +103,4 @@ def provably_empty(p: Pattern) -> bool:
     return any(isinstance(d, Diag) and not _meets_band(d, low, high) for d in merged)
 
 
-__all__ = ["merge_diags", "provably_empty"]
+__all__ = ["axis_span", "merge_diags", "provably_empty"]

@@ -28,6 +28,7 @@ import shapely
 from shapely import affinity
 from shapely.geometry import Polygon
 
+from sas.ir.emptiness import axis_span
 from sas.lang.pattern import And, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Rect
 
@@ -60,8 +61,7 @@ def envelope(p: Pattern, rows: int, cols: int) -> Polygon:
                 pts += [(y - d, y) for y in (0, rows) if 0 <= y - d <= cols]
         return _hull(pts)
     if isinstance(p, Rect):
-        (r0, r1), (c0, c1) = p.rows, p.cols
-        y0, x0 = (r0 or 0) + p.offset[0], (c0 or 0) + p.offset[1]
+        (y0, r1), (x0, c1) = (axis_span(r, o) for r, o in zip((p.rows, p.cols), p.offset))
         y1 = rows if r1 is None else min(r1, rows)
         x1 = cols if c1 is None else min(c1, cols)
         return _box(x0, y0, x1, y1)

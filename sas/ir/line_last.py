@@ -159,20 +159,16 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
             return out, known
         for t, term in enumerate(terms):
             want = (xs[t] > top) & (top >= 0) & sure
-            if want.all():                      # every line (a first round): no gathers
-                at = live
-                x, k = _last(term, neg, axis, fixed[at], lo[at], top + 1)
-                xs[t] = x
-                sure &= k
-                np.minimum(top, x, out=top)
-                continue
             ask = np.flatnonzero(want)
-            if len(ask):
-                at = live[ask]
-                x, k = _last(term, neg, axis, fixed[at], lo[at], top[ask] + 1)
-                xs[t, ask] = x
-                sure[ask] &= k
-                top[ask] = np.minimum(top[ask], x)
+            if not len(ask):
+                continue
+            if len(ask) == len(live):           # every line (a first round): views, no gathers
+                ask = slice(None)
+            at = live[ask]
+            x, k = _last(term, neg, axis, fixed[at], lo[at], top[ask] + 1)
+            xs[t, ask] = x
+            sure[ask] &= k
+            top[ask] = np.minimum(top[ask], x)
         agree = (xs == top).all(axis=0)
         done = agree | (top < 0) | ~sure
         out[live[done]] = np.where(agree[done], top[done], -1)
@@ -246,12 +242,11 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
             i = need[again]
             below_on[again], k = layout(bline[i], False, bot[i], btop[i])
             sure[i] &= k
-        whole, at_bot = need[below_on > bot[need]], need[below_on == bot[need]]
-        on_at = np.empty(len(f), dtype=_I64)
-        on_at[need] = below_on
+        is_whole = below_on > bot[need]
+        whole, at_bot = need[is_whole], need[below_on == bot[need]]
         if len(whole):
             x, k = unit(whole, np.zeros(len(whole), dtype=_I64), np.full(len(whole), along, dtype=_I64))
-            best[whole] = np.where(x >= 0, on_at[whole] * along + x, -1)
+            best[whole] = np.where(x >= 0, below_on[is_whole] * along + x, -1)
             sure[whole] &= k
         if len(at_bot):
             x, k = unit(at_bot, a[at_bot] - bot[at_bot] * along, np.full(len(at_bot), along, dtype=_I64))
