@@ -21,9 +21,31 @@ def _want(mask: np.ndarray, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.nda
     return np.where(on.any(axis=1), lines.shape[1] - 1 - np.argmax(on[:, ::-1], axis=1), -1)
 
 
-@settings(max_examples=200, deadline=None)
+#: How a product's lines that have not agreed skip periodic pieces (`line_last._skip_pieces`):
+#: as by default; every such line after one round by reading the rest of a period cell by
+#: cell; only by the positions passed (no cells read).
+SKIP_MODES = {
+    "default": {},
+    "cells": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40},
+    "passed": {"CHECK_AFTER": 1, "WINDOW_PERIOD": 0},
+}
+
+
+def _skip_mode(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    for name, value in SKIP_MODES[mode].items():
+        monkeypatch.setattr(line_last_module, name, value)
+
+
+@pytest.mark.parametrize("mode", list(SKIP_MODES))
+@settings(max_examples=120, deadline=None)
 @given(patterns(max_depth=4), st.integers(1, 40), st.data())
-def test_last_cells_equal_the_mask(p, n: int, data) -> None:
+def test_last_cells_equal_the_mask(mode: str, p, n: int, data) -> None:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _skip_mode(monkeypatch, mode)
+        _check_last_cells(p, n, data)
+
+
+def _check_last_cells(p, n: int, data) -> None:
     bounds = st.lists(st.integers(0, n), min_size=n, max_size=n)
     for q in (p, ~p):
         m = np.asarray(q.to_mask(n), dtype=bool)
@@ -62,3 +84,37 @@ def test_products_that_do_not_agree_are_left_unknown(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(line_last_module, "ROUNDS", 1)
     got, known = last_cells(p, COLUMN, j, np.zeros(n, dtype=np.int64), np.full(n, n))
     assert not known.any()
+
+
+# Products whose terms never meet on most columns, with one period along them, so that the
+# leapfrog steps down the column without end: (pattern, whether the positions passed alone
+# settle every column). Blocks of a spread drifting off the diagonal against a strided band
+# (the fuzzer's #4241, about): a period of 9 rows a round. Odd rows of a spread against the
+# even rows of a band (#3901, about): a row or two a round in a period of 126, so only cells
+# read settle them. Even rows from row 100 against odd rows: they meet only below the boundary
+# at row 100, on its last row (99).
+NEVER_MEET = [
+    ((Rect(rows=(0, 100)) + Rect(rows=(100, None), stride=(2, 1))) * Rect(stride=(2, 1), offset=(1, 0)), True),
+    ((Rect(size=(3, 6)) >> Diag(-2, None, stride=3)) * Diag(-6, None, stride=9) * Causal(), True),
+    ((Rect(rows=(1, 6), cols=(1, 4), stride=(2, 1)) >> ~(Rect(size=(3, 4)) >> Diag(-4, None, stride=7)))
+     * Diag(4, None, stride=2) * Causal(), False),
+]
+
+
+@pytest.mark.parametrize("mode", list(SKIP_MODES))
+@pytest.mark.parametrize("p, by_passed", NEVER_MEET)
+def test_products_whose_terms_never_meet_skip_their_pieces(p, by_passed: bool, mode: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 1500
+    mask = np.asarray(p.to_mask(n), dtype=bool)
+    _skip_mode(monkeypatch, mode)
+    lo, hi = np.zeros(n, dtype=np.int64), np.full(n, n)
+    got, known = last_cells(p, COLUMN, np.arange(n), lo, hi)
+    assert known.all() or (mode == "passed" and not by_passed)
+    np.testing.assert_array_equal(got[known], _want(mask, COLUMN, lo, hi)[known])
+    got, known = last_cells(p, ROW, np.arange(n), lo, hi)
+    np.testing.assert_array_equal(got[known], _want(mask, ROW, lo, hi)[known])
+    # without the pieces the same columns are left to the caller
+    monkeypatch.setattr(line_last_module, "line_period", lambda q, axis: line_last_module.LONG)
+    _, known = last_cells(p, COLUMN, np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n))
+    assert not known.all()

@@ -15,8 +15,12 @@ Each node answers for itself and for its complement (`neg`):
 - a product of the attended (a sum of the complements) steps down: each term in turn answers at
   or below the position so far, which becomes its answer, until all terms agree (the line's
   answer) or one has none; a term that answered the position itself is not asked again until
-  the position drops below it (a leapfrog join); lines that have not agreed after `ROUNDS`
-  passes over the terms are left unknown (`known` False) for the caller's run-based search;
+  the position drops below it (a leapfrog join). Terms that never meet would step down a
+  line without end (lattices of one period and other residues): the product repeats along a
+  line between a few boundaries (`sas.ir.line_period`), so a periodic piece in which a whole
+  period holds no common cell holds none, and the position drops below it. Lines that have
+  not agreed after `ROUNDS` passes over the terms are left unknown (`known` False) for the
+  caller's run-based search;
 - a spread asks its layout for the last on-block (off-block) and its unit for the last cell
   (non-cell) inside it: the top block, partly in range, first, then the blocks below;
 - a sum, product or spread whose envelope (`sas.ir.envelope.node_extent`) ends before a line or
@@ -26,11 +30,14 @@ Each node answers for itself and for its complement (`neg`):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
 from sas.ir.envelope import NODE_BOX, node_extent
-from sas.ir.line_runs import COLUMN, ROW, progression, unique_rows
+from sas.ir.line_period import LONG, line_period, piece_start
+from sas.ir.line_runs import COLUMN, ROW, axis_selects, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
@@ -38,6 +45,15 @@ from sas.lang.primitives import Diag, Dynamic, Rect
 ROUNDS = 48
 
 _I64 = np.int64
+#: A product's lines that have not agreed after `CHECK_AFTER` rounds skip the periodic pieces
+#: of their line that hold no common cell (`sas.ir.line_period`): by the positions passed when
+#: they cover a period, else (a period of at most `WINDOW_PERIOD` positions, terms stepping down
+#: less than `ROUND_CELLS` positions a round: about what a round costs, in cells) by reading the
+#: rest of a period cell by cell (`WINDOW_CELLS` cells at a time).
+CHECK_AFTER = 2
+WINDOW_PERIOD = 1024
+ROUND_CELLS = 4
+WINDOW_CELLS = 1 << 21
 #: Above every position: a term not yet asked.
 _ABOVE = np.iinfo(np.int64).max
 
@@ -80,6 +96,8 @@ def _last(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
                 ask = np.flatnonzero(start < hi)
                 if not len(ask):
                     break
+                if len(ask) == len(fixed):      # every line: views, no gathers
+                    ask = slice(None)
                 x, k = _last(t, neg, axis, fixed[ask], start[ask], hi[ask])
                 best[ask] = np.maximum(best[ask], x)
                 known[ask] &= k
@@ -126,14 +144,47 @@ def _within_extent(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.n
 def _progression_last(p: Diag | Rect, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
                       hi: np.ndarray) -> np.ndarray:
     """A Diag or Rect on each line (`line_runs.progression`): its last member in [lo, hi), or
-    its last non-member."""
+    its last non-member. The members are read from the primitive's numbers directly, in a few
+    whole-line passes (this answers most of a deep tree's lines)."""
+    if neg:
+        return _progression_last_off(p, axis, fixed, lo, hi)
+    if isinstance(p, Diag):
+        o, s, mod = p.offset, p.size, p.stride
+        if axis == COLUMN:      # i in [j + o, j + o + s), i = j + o (mod stride)
+            residue = fixed + o
+            last = hi - 1 if s is None else np.minimum(residue + s, hi)
+            if s is not None:
+                last -= 1
+            first = np.maximum(residue, lo)
+        else:                   # j in (i - o - s, i - o], j = i - o (mod stride)
+            residue = fixed - o
+            last = np.minimum(residue, hi - 1)
+            first = lo if s is None else np.maximum(residue - (s - 1), lo)
+        on = None
+    else:
+        (r0, r1), (c0, c1) = p.rows, p.cols
+        (sr, sc), (orr, oc) = p.stride, p.offset
+        if axis == COLUMN:
+            on = axis_selects(fixed, (c0, c1), sc, oc)
+            (x0, x1), mod, residue = (r0, r1), sr, (r0 or 0) + orr
+        else:
+            on = axis_selects(fixed, (r0, r1), sr, orr)
+            (x0, x1), mod, residue = (c0, c1), sc, (c0 or 0) + oc
+        last = hi - 1 if x1 is None else np.minimum(hi, x1) - 1
+        first = lo if not x0 else np.maximum(lo, x0)
+    if mod > 1:                 # down to the progression's last member at or below `last`
+        last = last - (last - residue) % mod
+    keep = last >= first
+    if on is not None:
+        keep &= on
+    return np.where(keep, last, -1)
+
+
+def _progression_last_off(p: Diag | Rect, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                          hi: np.ndarray) -> np.ndarray:
+    """The last non-member of a Diag or Rect in [lo, hi) on each line."""
     on, a, b, mod, residue = progression(p, axis, fixed)
     top = hi - 1
-    if not neg:
-        first = np.maximum(a, lo)
-        last = np.minimum(b, hi) - 1
-        x = last if mod == 1 else last - (last - residue) % mod
-        return np.where(on & (last >= first) & (x >= first), x, -1)
     member = on & (top >= a) & (top < b) & ((top - residue) % mod == 0)
     # the line's last position if it is off; else (stride >= 2) the one before it; else (one
     # band) the cell before the band
@@ -146,7 +197,9 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     """The last position where every term holds (each negated when `neg`): step down until the
     terms agree (module doc). A term is asked again only on the lines where its last answer
     lies above the position so far (one that answered the position itself still holds there),
-    and each answer lowers the position before the next term is asked (a leapfrog join)."""
+    and each answer lowers the position before the next term is asked (a leapfrog join); lines
+    that step down slowly skip the periodic pieces without a common cell
+    (`_skip_pieces`)."""
     m = len(fixed)
     out = np.full(m, -1, dtype=_I64)
     known = np.ones(m, dtype=bool)
@@ -154,6 +207,11 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     top = hi[live] - 1
     xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
     sure = np.ones(len(live), dtype=bool)
+    period = 1
+    for term in terms:
+        period = math.lcm(period, line_period(term, axis))
+    scan = top.copy()                       # (top, scan] holds no common cell
+    rounds = np.zeros(len(live), dtype=_I64)     # rounds since scan was set
     for _ in range(ROUNDS):
         if not len(live):
             return out, known
@@ -174,9 +232,81 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
         out[live[done]] = np.where(agree[done], top[done], -1)
         known[live[done]] = sure[done]
         keep = ~done
-        live, top, xs, sure = live[keep], top[keep], xs[:, keep], sure[keep]
+        live, top, xs, sure, scan, rounds = (live[keep], top[keep], xs[:, keep], sure[keep], scan[keep],
+                                             rounds[keep] + 1)
+        if period < LONG and len(live):
+            _skip_pieces(terms, neg, axis, fixed[live], lo[live], period, top, xs, scan, rounds)
     known[live] = False
     return out, known
+
+
+def _piece(terms: list[Pattern], axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The start of the periodic piece of a product at x on each line (`line_period`)."""
+    start = piece_start(terms[0], axis, fixed, x)
+    for term in terms[1:]:
+        np.maximum(start, piece_start(term, axis, fixed, x), out=start)
+    return start
+
+
+def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray, period: int,
+                 top: np.ndarray, xs: np.ndarray, scan: np.ndarray, rounds: np.ndarray) -> None:
+    """After a round of `_intersection`, in place: the positions passed, (top, scan], hold no
+    common cell, and within one periodic piece of the line (`sas.ir.line_period`) the product
+    repeats every `period` positions. So where they cover a period inside the piece, the rest
+    of the piece holds no common cell either and the position drops below it; where the terms
+    step down slowly (less than `ROUND_CELLS` positions a round) and the period is short (at
+    most `WINDOW_PERIOD`), the rest of a period below the position is read cell by cell: its
+    last common cell is the line's answer, and without one the position drops below the piece.
+    Where a boundary of the pieces lies between top and scan, the scan restarts at the top of
+    top's piece."""
+    gain = scan - top
+    windowed = period <= WINDOW_PERIOD
+    check = rounds >= CHECK_AFTER
+    check &= (gain >= period) | ((gain < ROUND_CELLS * rounds) & windowed)
+    c = np.flatnonzero(check)
+    if not len(c):
+        return
+    f = fixed[c]
+    start, scanned = _piece(terms, axis, f, top[c]), _piece(terms, axis, f, scan[c])
+    moved = start != scanned
+    if moved.any():
+        i = c[moved]
+        scan[i] = scanned[moved] - 1
+        rounds[i] = 0
+        c, f, start = c[~moved], f[~moved], start[~moved]
+    full = scan[c] - top[c] >= period
+    x = np.full(len(c), -1, dtype=_I64)
+    part = np.flatnonzero(~full)            # slow lines: the rest of a period, cell by cell
+    if len(part):
+        i = c[part]
+        first = np.maximum(np.maximum(start[part], lo[i]), scan[i] - (period - 1))
+        step = max(1, WINDOW_CELLS // period)
+        for c0 in range(0, len(i), step):
+            s = slice(c0, c0 + step)
+            x[part[s]] = _window_last(terms, neg, axis, f[part[s]], first[s], top[i[s]])
+    found = x >= 0
+    below = start - 1
+    top[c] = np.where(found, x, np.where(below >= lo[c], below, -1))
+    xs[:, c] = np.where(found, x, _ABOVE)
+    scan[c] = top[c]
+    rounds[c] = 0
+
+
+def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, start: np.ndarray,
+                 top: np.ndarray) -> np.ndarray:
+    """The last position in [start, top] of each line where every term holds (each negated when
+    `neg`), -1 where none does, cell by cell."""
+    width = int((top - start).max()) + 1
+    x = top[:, None] - np.arange(width, dtype=_I64)[None, :]          # down from the top
+    on = x >= start[:, None]
+    np.maximum(x, 0, out=x)
+    line = fixed[:, None]
+    i, j = (x, line) if axis == COLUMN else (line, x)
+    for term in terms:
+        held = np.asarray(term.evaluate(i, j), dtype=bool)
+        on &= ~held if neg else held
+    first = on.argmax(axis=1)
+    return np.where(on[np.arange(len(fixed)), first], top - first, -1)
 
 
 def _distinct(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
@@ -201,14 +331,13 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
     (module doc)."""
     h, w = p.shape
     across, along = (w, h) if axis == COLUMN else (h, w)
-    m = len(fixed)
-    out = np.full(m, -1, dtype=_I64)
-    known = np.ones(m, dtype=bool)
-    live = np.flatnonzero(hi > lo).astype(_I64)
-    if not len(live):
-        return out, known
-    f, a, b = fixed[live], lo[live], hi[live]
-    uline, bline = f % across, f // across
+    on = hi > lo
+    if on.all():                                # every line (the common case): views, no gathers
+        live, f, a, b = None, fixed, lo, hi
+    else:
+        live = np.flatnonzero(on).astype(_I64)
+        f, a, b = fixed[live], lo[live], hi[live]
+    bline, uline = np.divmod(f, across)
     btop = (b - 1) // along                     # the top block, partly in range
     bot = a // along                            # the bottom block, partly in range
 
@@ -227,8 +356,9 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
     best = np.where(top_on, -1, b - 1) if neg else np.full(len(f), -1, dtype=_I64)
     at = np.flatnonzero(top_on)
     if len(at):
-        x, k = unit(at, np.maximum(a[at] - btop[at] * along, 0), b[at] - btop[at] * along)
-        best[at] = np.where(x >= 0, btop[at] * along + x, -1)
+        start = btop[at] * along
+        x, k = unit(at, np.maximum(a[at] - start, 0), b[at] - start)
+        best[at] = np.where(x >= 0, start + x, -1)
         sure[at] &= k
     # the blocks below the top one, on the lines the top block leaves unanswered: the last
     # on-block (every whole block holds its unit line's last cell, or non-cell, at the same
@@ -256,6 +386,10 @@ def _spread_last(p: Spread, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndar
             x, k = layout(bline[need], True, bot[need], btop[need])
             best[need] = np.maximum(best[need], np.where(x >= 0, (x + 1) * along - 1, -1))
             sure[need] &= k
+    if live is None:
+        return best, sure
+    out = np.full(len(fixed), -1, dtype=_I64)
+    known = np.ones(len(fixed), dtype=bool)
     out[live] = best
     known[live] = sure
     return out, known

@@ -1,0 +1,82 @@
+"""Where a pattern repeats along a line: its period and the boundaries of its periodic pieces.
+
+Along a line (the column `j = fixed` when `axis` is `COLUMN`, the row `i = fixed` when it is
+`ROW`), every node attends a set of positions that is periodic between a few boundaries:
+
+- a `Diag` or `Rect` is a progression `a <= x < b`, `x = residue (mod stride)`
+  (`line_runs.progression`): period its stride, boundaries `a` and `b`;
+- a complement has its operand's period and boundaries, a sum or product the least common
+  multiple of its terms' periods and all of their boundaries; a dynamic component attends the
+  whole line (period 1, no boundary);
+- a spread `unit >> layout` on the grid of `h x w` blocks holds the same unit line in every
+  on-block of its block line, so it repeats every `along` positions times its layout's period,
+  between its layout's boundaries times `along` (`along` = h along a column, w along a row).
+
+So between two consecutive boundaries `[beta, gamma)` of a line, `x` and `x + period` are both
+attended or both not (when both lie in the piece). `sas.ir.line_last` uses it to stop a
+product's terms from stepping down a line whose terms never meet: once the positions it has
+passed in a piece cover a whole period without a common cell, the piece holds none.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from sas.ir.line_runs import COLUMN, FAR, progression
+from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.primitives import Diag, Dynamic, Rect
+
+_I64 = np.int64
+#: A period this long or longer is reported as `LONG` (no line repeats within it in practice).
+LONG = 1 << 40
+
+
+@lru_cache(maxsize=4096)
+def line_period(p: Pattern, axis: int) -> int:
+    """The period of p along every line of `axis` (module doc), at most `LONG`."""
+    if isinstance(p, Diag):
+        return p.stride
+    if isinstance(p, Rect):
+        return p.stride[0] if axis == COLUMN else p.stride[1]
+    if isinstance(p, Dynamic):
+        return 1
+    if isinstance(p, Not):
+        return line_period(p.a, axis)
+    if isinstance(p, (And, Or)):
+        out = 1
+        for t in p.terms:
+            out = math.lcm(out, line_period(t, axis))
+            if out >= LONG:
+                return LONG
+        return out
+    if isinstance(p, Spread):
+        h, w = p.shape
+        return min(LONG, (h if axis == COLUMN else w) * line_period(p.layout, axis))
+    raise TypeError(f"line_period: unknown pattern node {type(p).__name__}")
+
+
+def piece_start(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """On each line, the largest boundary of p at or below position x (module doc), 0 when
+    there is none (positions start at 0): p repeats with `line_period(p, axis)` within
+    [piece_start, next boundary). `fixed`, `x` int64 arrays of one length, x >= 0."""
+    if isinstance(p, (Diag, Rect)):
+        _, a, b, _, _ = progression(p, axis, fixed)
+        out = np.where((b <= x) & (b < FAR), b, 0)
+        return np.maximum(out, np.where((a <= x) & (a > -FAR), a, 0))
+    if isinstance(p, Dynamic):
+        return np.zeros(len(fixed), dtype=_I64)
+    if isinstance(p, Not):
+        return piece_start(p.a, axis, fixed, x)
+    if isinstance(p, (And, Or)):
+        out = piece_start(p.terms[0], axis, fixed, x)
+        for t in p.terms[1:]:
+            np.maximum(out, piece_start(t, axis, fixed, x), out=out)
+        return out
+    if isinstance(p, Spread):
+        h, w = p.shape
+        across, along = (w, h) if axis == COLUMN else (h, w)
+        return piece_start(p.layout, axis, fixed // across, x // along) * along
+    raise TypeError(f"piece_start: unknown pattern node {type(p).__name__}")
