@@ -295,9 +295,18 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
 def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, start: np.ndarray,
                  top: np.ndarray) -> np.ndarray:
     """The last position in [start, top] of each line where every term holds (each negated when
-    `neg`), -1 where none does, cell by cell."""
+    `neg`), -1 where none does, cell by cell: on the members of the term of the longest
+    stride when it is a strided Diag or Rect, else on every position."""
+    strided = [] if neg else [t for t in terms if isinstance(t, (Diag, Rect)) and line_period(t, axis) > 1]
     width = int((top - start).max()) + 1
-    x = top[:, None] - np.arange(width, dtype=_I64)[None, :]          # down from the top
+    if strided:
+        lattice = max(strided, key=lambda t: line_period(t, axis))
+        step = line_period(lattice, axis)
+        last = _progression_last(lattice, False, axis, fixed, start, top + 1)
+        x = last[:, None] - step * np.arange((width - 1) // step + 1, dtype=_I64)[None, :]
+        terms = [t for t in terms if t is not lattice]
+    else:
+        x = top[:, None] - np.arange(width, dtype=_I64)[None, :]      # down from the top
     on = x >= start[:, None]
     np.maximum(x, 0, out=x)
     line = fixed[:, None]
@@ -306,7 +315,8 @@ def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
         held = np.asarray(term.evaluate(i, j), dtype=bool)
         on &= ~held if neg else held
     first = on.argmax(axis=1)
-    return np.where(on[np.arange(len(fixed)), first], top - first, -1)
+    rows = np.arange(len(fixed))
+    return np.where(on[rows, first], x[rows, first], -1)
 
 
 def _distinct(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
