@@ -338,3 +338,40 @@ def test_chunks_after_columns_of_many_runs_ask_the_last_cells_first(monkeypatch:
     monkeypatch.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", 6)     # more than it reads
     np.testing.assert_array_equal(per_token.last_use(p, n), got)
     assert calls == ["whole"] * 4
+
+
+@pytest.mark.parametrize("cost, want", [
+    # the first chunk (runs first) slow, the second (last cells first) faster: cells go on
+    ({"whole": 10, "cells": 1}, ["whole", "cells", "cells", "cells"]),
+    # the last cells slower: back to the runs
+    ({"whole": 10, "cells": 30}, ["whole", "cells", "whole", "whole"]),
+    # a fast first chunk: no chunk asks the last cells first
+    ({"whole": 1, "cells": 1}, ["whole"] * 4),
+])
+def test_timed_chunks_keep_the_faster_way(cost: dict[str, int], want: list[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # the pattern of the test above, with a runs rule that never asks the last cells first: the
+    # way is chosen by the time of each chunk, read from a clock that each step advances by its
+    # cost
+    p = ((((Rect(rows=(0, 2), cols=(0, 4)) >> Diag(4, None, stride=2)) * Causal())
+          + (Causal() * (Rect(rows=(1, 2), cols=(1, 5), stride=(2, 2)) >> Causal()))) * Diag(1, 18) * Causal())
+    n = 2048
+    calls = []
+    clock = [0]
+
+    def step(name, real):
+        def run(*a):
+            calls.append(name)
+            clock[0] += cost[name]
+            return real(*a)
+        return run
+
+    monkeypatch.setattr(per_token, "_whole", step("whole", per_token._whole))
+    monkeypatch.setattr(per_token, "last_cells", step("cells", per_token.last_cells))
+    monkeypatch.setattr(per_token, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(per_token, "CHUNK", 512)
+    monkeypatch.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", 6)
+    monkeypatch.setattr(per_token, "TIMED_COLUMNS", 512)
+    monkeypatch.setattr(per_token, "CELLS_FIRST_SECONDS_PER_COLUMN", 5 / 512)
+    np.testing.assert_array_equal(per_token.last_use(p, n), brute_last_use(p.to_mask(n)))
+    assert calls == want

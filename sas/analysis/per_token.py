@@ -48,6 +48,7 @@ stops with an `AnalysisLimitError` naming the numbers.
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Callable
 
 import numpy as np
@@ -93,8 +94,16 @@ ROW_WINDOWS = True
 #: without its runs; the columns it leaves unknown go on by windows.
 LAST_CELLS = True
 #: ... and before step 2 in the chunks after one whose step 2 read at least this many runs a
-#: column (the last cells are then found for less than their runs cost).
+#: column (the last cells are then found for less than their runs cost). Chunks of at least
+#: `TIMED_COLUMNS` columns are timed too: after one with step 2 first that took at least
+#: `CELLS_FIRST_SECONDS_PER_COLUMN` a column (a deep tree whose intermediate runs cancel: few
+#: runs read, many built), the next asks the last cells first, and once both ways are timed
+#: the faster goes on. A choice of the path, never of the answer (both are exact); smaller
+#: chunks are not timed (their time is the interpreter's), so a max_len up to `CHUNK` takes
+#: one path, always the same.
 CELLS_FIRST_RUNS_PER_COLUMN = 4
+CELLS_FIRST_SECONDS_PER_COLUMN = 0.5e-6
+TIMED_COLUMNS = 1 << 14
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -297,8 +306,10 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
     rowed = not (windows and ROW_WINDOWS and width > FIRST_WINDOW)   # row windows: once, if step 1 read rows
     whole_first = WHOLE_FIRST
     cells_first = False
+    seconds: dict[bool, float] = {}         # seconds a column of a timed chunk, by cells_first
     for c0 in range(0, n, CHUNK):
         todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
+        columns, path, started = len(todo), cells_first, perf_counter()
         hi, w = end, width
         failed = len(todo) + 1              # columns of the last attempt at all rows that failed
         first = True
@@ -350,6 +361,12 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
                 pos += len(cols)
             todo = todo[~found & (lo > base[todo])]
             hi, w = hi - w, GROWTH * w
+        if columns >= TIMED_COLUMNS:
+            seconds[path] = (perf_counter() - started) / columns
+            if len(seconds) == 2:           # both paths timed: the faster
+                cells_first = seconds[True] < seconds[False]
+            elif seconds.get(False, 0.0) >= CELLS_FIRST_SECONDS_PER_COLUMN:
+                cells_first = True          # a slow chunk of runs: try the last cells first
     return end
 
 
