@@ -62,6 +62,9 @@ from sas.lang.pattern import And, Or, Pattern
 _I64 = np.int64
 #: Columns read per call of `line_runs`.
 CHUNK = 1 << 17
+#: Columns of the first chunk (at most `CHUNK`): the way it takes (runs first or not) is
+#: decided there, so a way that fails costs a small chunk.
+FIRST_CHUNK = 1 << 14
 #: Width of the first window at the end of the sequence.
 FIRST_WINDOW = 8
 #: Most runs one call may build before its columns are split in halves.
@@ -307,8 +310,9 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
     whole_first = WHOLE_FIRST
     cells_first = False
     seconds: dict[bool, float] = {}         # seconds a column of a timed chunk, by cells_first
-    for c0 in range(0, n, CHUNK):
-        todo = np.arange(c0, min(n, c0 + CHUNK), dtype=_I64)
+    first_chunk = min(FIRST_CHUNK, CHUNK)
+    for c0 in [0, *range(first_chunk, n, CHUNK)]:
+        todo = np.arange(c0, min(n, c0 + (first_chunk if c0 == 0 else CHUNK)), dtype=_I64)
         columns, path, started = len(todo), cells_first, perf_counter()
         hi, w = end, width
         failed = len(todo) + 1              # columns of the last attempt at all rows that failed
