@@ -375,3 +375,20 @@ def test_timed_chunks_keep_the_faster_way(cost: dict[str, int], want: list[str],
     monkeypatch.setattr(per_token, "CELLS_FIRST_SECONDS_PER_COLUMN", 5 / 512)
     np.testing.assert_array_equal(per_token.last_use(p, n), brute_last_use(p.to_mask(n)))
     assert calls == want
+
+
+@pytest.mark.parametrize("p", [
+    # the fuzzer's #4241 and #3901 (each past 30 s at 2^20 before the periodic pieces of
+    # `sas.ir.line_period`): products whose terms never meet on most columns
+    (Rect(rows=(3, 5), cols=(0, 2), stride=(2, 1))
+     >> ((Rect(size=(3, 6)) >> Diag(-2, None, stride=3)) * Diag(-6, None, stride=9) * Causal())) * Causal(),
+    (((Rect(rows=(1, 6), cols=(1, 4), stride=(2, 1)) >> ~(Rect(size=(3, 4)) >> Diag(-4, None, stride=7)))
+      * Diag(4, None, stride=2))
+     + ((Rect(size=(4, 4)) * (Rect(rows=(0, 2), cols=(0, 1), stride=(5, 1), offset=(2, 0)) + Diag(6, 6)
+                              + (Rect(size=(5, 1)) * Causal())))
+        >> ~(Rect(size=(5, 4)) >> ~Diag(5, None, stride=7)))) * Causal(),
+])
+def test_products_whose_terms_never_meet_search_exactly(p) -> None:
+    n = 1500
+    assert not structure(p).periodic
+    np.testing.assert_array_equal(per_token.last_use(p, n), brute_last_use(p.to_mask(n)))
