@@ -52,3 +52,5 @@ def test_periods_and_boundaries_of_hand_picked_nodes() -> None:
     np.testing.assert_array_equal(piece_start(s, COLUMN, j, np.array([17, 18, 40])), [0, 18, 18])
     assert line_period(s * Diag(0, None, stride=9) + Causal(), COLUMN) == 36
     assert line_period(~s, ROW) == 8
+    # boundaries below 0 start no piece: row 0 of Diag(2, 1) has its band at columns -2 .. -1
+    np.testing.assert_array_equal(piece_start(Diag(2, 1), ROW, np.array([0, 5]), np.array([0, 9])), [0, 4])

@@ -65,7 +65,8 @@ def piece_start(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.n
     if isinstance(p, (Diag, Rect)):
         _, a, b, _, _ = progression(p, axis, fixed)
         out = np.where((b <= x) & (b < FAR), b, 0)
-        return np.maximum(out, np.where((a <= x) & (a > -FAR), a, 0))
+        np.maximum(out, np.where((a <= x) & (a > -FAR), a, 0), out=out)
+        return np.maximum(out, 0)               # a boundary below 0 starts no piece
     if isinstance(p, Dynamic):
         return np.zeros(len(fixed), dtype=_I64)
     if isinstance(p, Not):
