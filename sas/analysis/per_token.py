@@ -102,8 +102,8 @@ LAST_CELLS = True
 #: `CELLS_FIRST_SECONDS_PER_COLUMN` a column (a deep tree whose intermediate runs cancel: few
 #: runs read, many built), the next asks the last cells first, and once both ways are timed
 #: the faster goes on. A choice of the path, never of the answer (both are exact); smaller
-#: chunks are not timed (their time is the interpreter's), so a max_len up to `CHUNK` takes
-#: one path, always the same.
+#: chunks are not timed (their time is the interpreter's), and the first chunk's path never
+#: depends on a time, so a max_len up to `FIRST_CHUNK` takes one path, always the same.
 CELLS_FIRST_RUNS_PER_COLUMN = 4
 CELLS_FIRST_SECONDS_PER_COLUMN = 0.5e-6
 TIMED_COLUMNS = 1 << 14
