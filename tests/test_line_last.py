@@ -115,6 +115,6 @@ def test_products_whose_terms_never_meet_skip_their_pieces(p, by_passed: bool, m
     got, known = last_cells(p, ROW, np.arange(n), lo, hi)
     np.testing.assert_array_equal(got[known], _want(mask, ROW, lo, hi)[known])
     # without the pieces the same columns are left to the caller
-    monkeypatch.setattr(line_last_module, "line_period", lambda q, axis: line_last_module.LONG)
+    monkeypatch.setattr(line_last_module, "terms_period", lambda terms, axis: line_last_module.LONG)
     _, known = last_cells(p, COLUMN, np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n))
     assert not known.all()

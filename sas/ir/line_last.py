@@ -30,13 +30,11 @@ Each node answers for itself and for its complement (`neg`):
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
 from sas.ir.envelope import NODE_BOX, node_extent
-from sas.ir.line_period import LONG, line_period, piece_start
+from sas.ir.line_period import LONG, line_period, terms_period, terms_piece_start
 from sas.ir.line_runs import COLUMN, ROW, axis_selects, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
@@ -207,9 +205,7 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     top = hi[live] - 1
     xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
     sure = np.ones(len(live), dtype=bool)
-    period = 1
-    for term in terms:
-        period = math.lcm(period, line_period(term, axis))
+    period = terms_period(terms, axis)
     scan = top.copy()                       # (top, scan] holds no common cell
     rounds = np.zeros(len(live), dtype=_I64)     # rounds since scan was set
     for _ in range(ROUNDS):
@@ -240,14 +236,6 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     return out, known
 
 
-def _piece(terms: list[Pattern], axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The start of the periodic piece of a product at x on each line (`line_period`)."""
-    start = piece_start(terms[0], axis, fixed, x)
-    for term in terms[1:]:
-        np.maximum(start, piece_start(term, axis, fixed, x), out=start)
-    return start
-
-
 def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray, period: int,
                  top: np.ndarray, xs: np.ndarray, scan: np.ndarray, rounds: np.ndarray) -> None:
     """After a round of `_intersection`, in place: the positions passed, (top, scan], hold no
@@ -267,7 +255,7 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
     if not len(c):
         return
     f = fixed[c]
-    start, scanned = _piece(terms, axis, f, top[c]), _piece(terms, axis, f, scan[c])
+    start, scanned = terms_piece_start(terms, axis, f, top[c]), terms_piece_start(terms, axis, f, scan[c])
     moved = start != scanned
     if moved.any():
         i = c[moved]

@@ -21,6 +21,7 @@ passed in a piece cover a whole period without a common cell, the piece holds no
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -46,16 +47,21 @@ def line_period(p: Pattern, axis: int) -> int:
     if isinstance(p, Not):
         return line_period(p.a, axis)
     if isinstance(p, (And, Or)):
-        out = 1
-        for t in p.terms:
-            out = math.lcm(out, line_period(t, axis))
-            if out >= LONG:
-                return LONG
-        return out
+        return terms_period(p.terms, axis)
     if isinstance(p, Spread):
         h, w = p.shape
         return min(LONG, (h if axis == COLUMN else w) * line_period(p.layout, axis))
     raise TypeError(f"line_period: unknown pattern node {type(p).__name__}")
+
+
+def terms_period(terms: Sequence[Pattern], axis: int) -> int:
+    """The period of a sum or product of `terms` (the lcm of theirs), at most `LONG`."""
+    out = 1
+    for t in terms:
+        out = math.lcm(out, line_period(t, axis))
+        if out >= LONG:
+            return LONG
+    return out
 
 
 def piece_start(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -72,12 +78,20 @@ def piece_start(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.n
     if isinstance(p, Not):
         return piece_start(p.a, axis, fixed, x)
     if isinstance(p, (And, Or)):
-        out = piece_start(p.terms[0], axis, fixed, x)
-        for t in p.terms[1:]:
-            np.maximum(out, piece_start(t, axis, fixed, x), out=out)
-        return out
+        return terms_piece_start(p.terms, axis, fixed, x)
     if isinstance(p, Spread):
         h, w = p.shape
         across, along = (w, h) if axis == COLUMN else (h, w)
         return piece_start(p.layout, axis, fixed // across, x // along) * along
     raise TypeError(f"piece_start: unknown pattern node {type(p).__name__}")
+
+
+def terms_piece_start(terms: Sequence[Pattern], axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`piece_start` of a sum or product of `terms` (at least one): the largest of theirs."""
+    out = piece_start(terms[0], axis, fixed, x)
+    for t in terms[1:]:
+        np.maximum(out, piece_start(t, axis, fixed, x), out=out)
+    return out
+
+
+__all__ = ["LONG", "line_period", "piece_start", "terms_period", "terms_piece_start"]
