@@ -106,7 +106,16 @@ def structure(p: Pattern) -> Structure:
         (r0, r1), (c0, c1) = p.rows, p.cols
         sr, sc = p.stride
         t = _finite(r0, r1, c0, c1)
-        return Structure(True, lcm(sr, sc), t, sr, 0, sc, 0, sr, sc)
+        # A bounded side ends before the boundary t: past it the rectangle has no cell, so that
+        # side's stride repeats nothing there (its rows, or its columns, stay finite). Only an
+        # unbounded side carries its stride into the periods, and only a rectangle unbounded
+        # both ways has cells on the diagonal beyond t (e.g. one row of strided columns, rows <
+        # 128 with stride (401, 7), has P = 1 and row period 1, not 2807 and 401).
+        rows_end, cols_end = r1 is not None, c1 is not None
+        qv = 1 if rows_end else sr
+        qh = 1 if cols_end else sc
+        p = 1 if rows_end or cols_end else lcm(sr, sc)
+        return Structure(True, p, t, qv, 0, qh, 0, qv, qh)
     if isinstance(p, Dynamic):
         return Structure(True, 1, 0, 1, 0, 1, 0, 1, 1)
     if isinstance(p, (Or, And, Spread)) and provably_empty(p):
