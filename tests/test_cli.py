@@ -79,7 +79,7 @@ def test_inspect_script_in_tmp_path(tmp_path):
 
 
 def test_inspect_table_fallback_abbreviates_tables(tmp_path):
-    path = script(tmp_path, "pattern = (Rect(size=(2, 3)) >> Diag(0, 3)) * Causal()")
+    path = script(tmp_path, "pattern = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Rect(cols=(0, 1))) * Causal()")
     r = run("inspect", path, "--max-len", "1000")
     assert r.exit_code == 0, r.output
     assert "no closed form" in r.stdout and "entries; `sas inspect --json` prints them all" in r.stdout
@@ -397,7 +397,7 @@ def test_plot_window_and_many_slots(tmp_path):
 
 
 def test_plot_table_pattern_uses_functions(tmp_path):
-    path = script(tmp_path, "pattern = (Rect(size=(2, 3)) >> Diag(0, 3)) * Causal()")
+    path = script(tmp_path, "pattern = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Rect(cols=(0, 1))) * Causal()")
     out = tmp_path / "table.png"
     r = run("plot", path, "-o", out, "--max-len", "512", "-w", "32")
     assert r.exit_code == 0, r.output

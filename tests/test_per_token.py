@@ -165,33 +165,66 @@ def test_causality_check_equals_the_mask(p, n: int) -> None:
         assert bad is None
 
 
+def _no_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-token analyses keep their table (as when no ring fits)."""
+    monkeypatch.setattr(ANALYZE, "ring_from_last_use", lambda last_use: None)
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["ring", "table"])
 @pytest.mark.parametrize("p", DRIFTING, ids=repr)
-def test_tables_decode_the_mask(tiny_steps: None, p) -> None:
+def test_per_token_schemes_decode_the_mask(tiny_steps: None, monkeypatch: pytest.MonkeyPatch, p, table: bool) -> None:
+    """Their last uses fit a ring of the minimal size (the keys in one ring, in order): the closed
+    form is used; the table (where no ring fits) decodes the mask as well."""
     n = 70
+    if table:
+        _no_ring(monkeypatch)
     a = analyze(p, n)
-    assert not a.closed_form and a.scheme == "table"
-    assert a.cache_size == brute_cache_size(p.to_mask(n))
+    assert (a.scheme, a.closed_form) == (("table", False) if table else ("ring", True))
+    assert a.cache_size == brute_cache_size(p.to_mask(n)) and a.minimal_cache_size is None
     decode_with_functions(a, p.to_mask(n))
 
 
-@pytest.mark.parametrize("p", DRIFTING[:2], ids=repr)
-def test_long_lengths_are_analysed_not_refused(p) -> None:
-    n = 1 << 17                      # past the former limit of 32768
+@settings(max_examples=30, deadline=None)
+@given(drifting(), st.integers(1, 90))
+def test_random_per_token_schemes_decode_the_mask(p, n: int) -> None:
+    """Patterns without a periodic description, at lengths up to the table's preference: the
+    scheme (a ring where one fits the minimal cache, else a table) has the minimal size and
+    decodes the mask."""
+    p = p * Causal()
+    assume(not structure(p.restrict(n)).periodic)
+    mask = p.to_mask(n)
+    assume(mask.any())
     a = analyze(p, n)
-    assert not a.closed_form and len(a.tables["CACHE_ID"]) == n
-    ids = a.cache_ids()
-    # two keys live at once never share a slot: per slot, each key's last use is before the next key
-    L = per_token.last_use(p.restrict(n), n)
-    assert np.array_equal(ids >= 0, L >= np.arange(n)) and ids.max() == a.cache_size - 1
+    assert a.scheme in ("ring", "table") and a.minimal_cache_size is None
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+
+
+def _check_slots(ids: np.ndarray, L: np.ndarray, minimal: int) -> None:
+    """Every used key has a slot; two keys live at once never share one (per slot, each key's
+    last use is before the next key); and the most keys live at once is `minimal`."""
+    n = len(ids)
+    assert np.all(ids[L >= 0] >= 0)
     order = np.argsort(ids, kind="stable")
     order = order[ids[order] >= 0]
     same = ids[order[1:]] == ids[order[:-1]]
     assert np.all(L[order[:-1]][same] < order[1:][same])
-    # the most keys live at once is the number of slots
     live = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(live, np.flatnonzero(ids >= 0), 1)
-    np.add.at(live, L[ids >= 0] + 1, -1)
-    assert np.cumsum(live).max() == a.cache_size
+    np.add.at(live, np.flatnonzero(L >= 0), 1)
+    np.add.at(live, L[L >= 0] + 1, -1)
+    assert np.cumsum(live).max() == minimal
+
+
+@pytest.mark.parametrize("p", DRIFTING[:2], ids=repr)
+def test_long_lengths_are_analysed_not_refused(monkeypatch: pytest.MonkeyPatch, p) -> None:
+    n = 1 << 17                      # past the former limit of 32768
+    _no_ring(monkeypatch)
+    a = analyze(p, n)
+    assert not a.closed_form and len(a.tables["CACHE_ID"]) == n
+    ids = a.cache_ids()
+    L = per_token.last_use(p.restrict(n), n)
+    assert np.array_equal(ids >= 0, L >= np.arange(n)) and ids.max() == a.cache_size - 1
+    _check_slots(ids, L, a.cache_size)
     # the last uses agree with the mask on the first rows' keys where the mask is small
     m = 400
     head = p.to_mask(m)
@@ -202,11 +235,36 @@ def test_long_lengths_are_analysed_not_refused(p) -> None:
     assert a.slot_key_func(int(ids[k]), k) == k and a.cache_id_func(k) == ids[k]
 
 
+#: A drifting spread plus a sink column: no ring keeps the sink while the spread's keys pass
+#: within the padding allowed, so it keeps a table at every length.
+WITH_SINK = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Rect(cols=(0, 1))) * Causal()
+
+
 def test_tables_are_refused_for_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "1M")
     with pytest.raises(KernelError, match=r"per-token slot table .* max_len=65536 .*SAS_HOST_TABLE_LIMIT"):
-        analyze(DRIFTING[0], 1 << 16)
-    assert not analyze(DRIFTING[0], 1 << 12).closed_form
+        analyze(WITH_SINK, 1 << 16)
+    assert not analyze(WITH_SINK, 1 << 12).closed_form
+
+
+def test_a_ring_too_large_for_the_padding_leaves_the_table() -> None:
+    """At a length past the table's preference the smallest ring over the used keys needs 43692
+    slots (the sink's slot comes back after that many keys), three times the minimal 14569: the
+    table stays, and the note says why."""
+    a = analyze(WITH_SINK, 1 << 16)
+    assert (a.scheme, a.cache_size, a.minimal_cache_size) == ("table", 14569, None)
+    assert any("needs 43692 slots" in note and "padding allowed" in note for note in a.notes)
+
+
+def test_a_padded_ring_past_the_table_length() -> None:
+    """A drifting spread plus a diagonal band at 2^17: a ring of two more slots than the minimal
+    cache, valid for every key (same checks as the table's below)."""
+    n = 1 << 17
+    p = DRIFTING[2]
+    a = analyze(p, n)
+    assert a.closed_form and a.scheme == "ring" and a.cache_size > a.minimal_cache_size
+    _check_slots(a.cache_ids(), per_token.last_use(p.restrict(n), n), a.minimal_cache_size)
+    assert a.cache_ids().max() < a.cache_size
 
 
 def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -392,3 +450,47 @@ def test_products_whose_terms_never_meet_search_exactly(p) -> None:
     n = 1500
     assert not structure(p).periodic
     np.testing.assert_array_equal(per_token.last_use(p, n), brute_last_use(p.to_mask(n)))
+
+
+# --- periodic patterns whose column shapes would be costly: the per-token search first ---------
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=3))
+def test_estimated_runs_of_every_shape_are_the_runs(p) -> None:
+    """Where every column shape is sampled (at most `ESTIMATE_LINES` of them) the estimate is
+    the number of runs the column shapes hold."""
+    st_ = structure(p).within(400)
+    assume(st_.periodic and st_.T + st_.P <= columns.ESTIMATE_LINES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(columns, "ESTIMATE_FROM_CELLS", 0)
+        estimate = columns.estimated_runs(p, st_)
+    assert estimate == pytest.approx(columns.column_shapes(p, st_).n_runs)
+
+
+#: Periodic (P = 1, Qv = 35) with a few hundred runs per column shape at n = 600.
+STRIDED = (Diag(5, stride=7) + Diag(2, stride=5) + Rect(rows=(None, 12), stride=(41, 7), offset=(10, 3))) * Causal()
+
+
+def test_costly_column_shapes_are_analysed_per_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 600
+    monkeypatch.setattr(columns, "ESTIMATE_FROM_CELLS", 0)
+    monkeypatch.setattr(ANALYZE, "PER_TOKEN_FIRST_RUNS", 10)
+    a = analyze(STRIDED, n)
+    assert a._columns is None and not a.structure.periodic
+    assert any("analysed per token" in note and "more than 10" in note for note in a.notes)
+    mask = STRIDED.to_mask(n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)
+
+
+def test_costly_column_shapes_are_built_where_the_per_token_search_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 600
+    monkeypatch.setattr(columns, "ESTIMATE_FROM_CELLS", 0)
+    monkeypatch.setattr(ANALYZE, "PER_TOKEN_FIRST_RUNS", 10)
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
+    a = analyze(STRIDED, n)
+    assert a._columns is not None and a.structure.periodic
+    assert not any("analysed per token" in note for note in a.notes)
+    mask = STRIDED.to_mask(n)
+    assert a.cache_size == brute_cache_size(mask)
+    decode_with_functions(a, mask)

@@ -9,7 +9,9 @@ hash of the previous template had been checked to match again; and again on 2026
 after the decode template gained programmatic dependent launch and a blocks-per-split constant
 (DecodeOptions.pdl and .blocks_per_split, which also enter every decode kernel's name), with
 every prefill hash and the old decode hashes matching first; once more the same night after
-the decode module's PDL check was cached per device, again after the old hashes matched)."""
+the decode module's PDL check was cached per device, again after the old hashes matched; and on
+2026-11-27 for six spreads of non-square units analysed per token, whose last uses now fit a
+closed-form ring instead of a table: only their decode hashes changed, every other hash matched)."""
 
 from __future__ import annotations
 

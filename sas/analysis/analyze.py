@@ -10,15 +10,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
+from sas.analysis.columns import ColumnShapes, column_shapes, estimated_runs, upper_triangle_clear
 from sas.analysis.events import CacheEvent, derive_events
 from sas.analysis.functions import compile_functions, synthesize, synthesized_source
 from sas.analysis.simplify import ReadableFunctions, readable_functions
 from sas.analysis.groups import Group, decompose
 from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.per_token import last_use as per_token_last_use, non_causal_cell
-from sas.analysis.slots import (Scheme, TableScheme, cache_ids, choose_scheme, greedy_table, padded_scheme,
-                                scheme_size)
+from sas.analysis.slots import (PAD_FRACTION, PAD_SLOTS, RingScheme, Scheme, TableScheme, cache_ids, choose_scheme,
+                                greedy_table, padded_scheme, padding_ok, ring_from_last_use, scheme_size)
 from sas.errors import AnalysisError, AnalysisLimitError, EmptyPatternError
 from sas.ir.periodicity import NON_PERIODIC, Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
@@ -30,6 +30,10 @@ from sas.limits import check_host_bytes
 #: closed form is used when one exists. Tables themselves are built at any length (limited by
 #: memory only: `sas.limits`).
 TABLE_LIMIT = 1 << 15
+#: Column shapes estimated to need more runs than this (about a second of run algebra) are not
+#: built: the per-token search comes first (usually tenths of a second at 2^20), and the shapes
+#: only where it stops at its limit.
+PER_TOKEN_FIRST_RUNS = 1 << 22
 #: Host bytes per token of the table fallback: the last uses, the slot table and its sorted
 #: copy (int64 each), and the tables the synthesized module holds.
 TABLE_BYTES_PER_TOKEN = 48
@@ -86,9 +90,11 @@ class Analysis:
         """The functions simplified with sympy for reading, checked equal to `functions`
         (`sas.analysis.simplify`); computed on first use."""
         s = self.structure
+        boundary, period = (int(s.T or 0), int(s.P or 1)) if s.periodic else (0, 1)
+        if not s.periodic and isinstance(self._scheme, RingScheme):     # a ring from per-token last uses
+            boundary, period = self._scheme.keys.T, self._scheme.keys.P
         r = readable_functions(self.functions, closed_form=self.closed_form, max_len=self.max_len,
-                               cache_size=self.cache_size, boundary=int(s.T or 0) if s.periodic else 0,
-                               period=int(s.P or 1) if s.periodic else 1)
+                               cache_size=self.cache_size, boundary=boundary, period=period)
         # a table scheme is printed as synthesized, its tables written out
         return r if self.closed_form else dataclasses.replace(r, source=self.source)
 
@@ -143,6 +149,48 @@ def _check_len(max_len: Any) -> int:
     return int(max_len)
 
 
+def _padded_note(name: str, minimal: int, size: int, n: int) -> str:
+    return (f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed form "
+            f"found ({name}) uses {size} slots (+{size - minimal}, {100.0 * (size - minimal) / minimal:.1f}% more) "
+            f"instead of a per-token table of {n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a "
+            f"closed form with at most 1/{PAD_FRACTION} or {PAD_SLOTS} more slots beyond)")
+
+
+def _table_note(minimal: int, closed: int | None, n: int) -> str:
+    why = "no closed-form slot scheme fits the minimal cache"
+    if closed is not None and closed > minimal and n > TABLE_LIMIT:
+        why = (f"the smallest closed form found needs {closed} slots, more than the {minimal} of the minimal "
+               f"cache plus the padding allowed (1/{PAD_FRACTION} or {PAD_SLOTS} slots)")
+    return f"{why}: cache_id_func uses a per-token table ({n} entries)"
+
+
+def _per_token_scheme(L: np.ndarray, n: int) -> tuple[Scheme, int, int | None, list[str]]:
+    """(scheme, slots, minimal slots where more are used, notes) from per-token last uses: a ring
+    where one fits the minimal cache, a padded ring past `TABLE_LIMIT` within the padding
+    allowed, else the table."""
+    table = greedy_table(L)
+    size = table.C
+    ring = ring_from_last_use(L)
+    if ring is not None and ring.C == size:
+        return ring, size, None, [f"the per-token last uses fit a closed-form ring of the minimal {size} slots: "
+                                  f"cache_id_func uses it instead of a table"]
+    if ring is not None and n > TABLE_LIMIT and padding_ok(size, ring.C):
+        return ring, ring.C, size, [_padded_note(ring.name, size, ring.C, n)]
+    return table, size, None, [_table_note(size, None if ring is None else ring.C, n)]
+
+
+def _per_token_first(pattern: Pattern, n: int,
+                     user_pattern: Pattern) -> tuple[Scheme, int, int | None, list[str]] | None:
+    """`_per_token_scheme` for a periodic pattern whose column shapes would be costly, or None
+    where the per-token search stops at its own limit (the column shapes are then built)."""
+    try:
+        L = per_token_last_use(pattern, n)
+    except AnalysisLimitError:
+        return None
+    _check_table_bytes(user_pattern, n)
+    return _per_token_scheme(L, n)
+
+
 def analyze(pattern: Pattern, max_len: int) -> Analysis:
     """Minimal KV cache, decomposition, events and synthesized functions for decoding.
 
@@ -168,7 +216,8 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                      f"or column repeats within the sequence, analysed with {seen.Qv} / {seen.Qh}")
     st = seen
     cols: ColumnShapes | None = None
-    per_token_why = "pattern has no known period: analysed per token and cache_id_func uses a table"
+    scheme: Scheme | None = None
+    per_token_why = "pattern has no known period: analysed per token"
     minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:
         try:
@@ -187,42 +236,46 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                 raise AnalysisError(
                     f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
                     f"decode analysis needs j <= i everywhere: multiply it by Causal()")
-            cols = column_shapes(pattern, st)
-            size, peak = _cache_size(cols, n)
-            scheme = choose_scheme(cols, size, n) if size > 0 else None
-            if scheme is None and size > 0:
-                padded = padded_scheme(cols, size, n) if n > TABLE_LIMIT else None
-                if padded is not None:
-                    minimal, size = size, scheme_size(padded)
-                    scheme = padded
-                    notes.append(
-                        f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed "
-                        f"form found ({padded.name}) uses {size} slots (+{size - minimal}, "
-                        f"{100.0 * (size - minimal) / minimal:.1f}% more) instead of a per-token table of "
-                        f"{n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a padded closed form "
-                        f"beyond)")
-                else:
-                    _check_table_bytes(user_pattern, n)
-                    scheme = greedy_table(cols.last_use(np.arange(n), n))
-                    notes.append("no closed-form slot scheme fits the minimal cache: cache_id_func uses a per-token "
-                                 f"table ({n} entries)")
+            runs = estimated_runs(pattern, st) if st.periodic else 0.0
+            first = _per_token_first(pattern, n, user_pattern) if runs > PER_TOKEN_FIRST_RUNS else None
+            if first is not None:
+                scheme, size, minimal, more = first
+                peak = 0
+                notes.append(f"the column shapes (period {st.P}, boundary {st.T}, vertical period {st.Qv}) would "
+                             f"need about {runs:.3g} runs, more than {PER_TOKEN_FIRST_RUNS}: analysed per token")
+                notes += more
+                st = NON_PERIODIC
+            else:
+                cols = column_shapes(pattern, st)
+                size, peak = _cache_size(cols, n)
+                scheme = choose_scheme(cols, size, n) if size > 0 else None
+                if scheme is None and size > 0:
+                    padded = padded_scheme(cols, size, n) if n > TABLE_LIMIT else None
+                    if padded is not None and padding_ok(size, scheme_size(padded)):
+                        minimal, size = size, scheme_size(padded)
+                        scheme = padded
+                        notes.append(_padded_note(padded.name, minimal, size, n))
+                    else:
+                        _check_table_bytes(user_pattern, n)
+                        scheme = greedy_table(cols.last_use(np.arange(n), n))
+                        notes.append(_table_note(size, None if padded is None else scheme_size(padded), n))
         except AnalysisLimitError as e:
             # a period or boundary too long for the length-independent analysis (a sum of
             # lattices whose strides multiply to about max_len): the keys' last uses per token
             per_token_why = (f"the periodic analysis (period {st.P}, boundary {st.T}) stopped at its limit: "
-                             f"analysed per token instead, and cache_id_func uses a table ({e})")
-            st, cols, minimal = NON_PERIODIC, None, None
-    if not st.periodic:
+                             f"analysed per token instead ({e})")
+            st, cols, minimal, scheme = NON_PERIODIC, None, None, None
+    if not st.periodic and cols is None and scheme is None:
         _check_table_bytes(user_pattern, n)
         bad = non_causal_cell(pattern, n)
         if bad is not None:
             raise AnalysisError(
                 f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
                 f"multiply it by Causal()")
-        L = per_token_last_use(pattern, n)
-        scheme = greedy_table(L)
-        size, peak = scheme.C, 0
         notes.append(per_token_why)
+        scheme, size, minimal, more = _per_token_scheme(per_token_last_use(pattern, n), n)
+        peak = 0
+        notes += more
     dyn = pattern.dynamics()
     if dyn:
         notes.append(

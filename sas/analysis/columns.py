@@ -303,12 +303,20 @@ class ColumnShapes:
         return from_disjoint(np.concatenate(lines), np.concatenate(starts), np.concatenate(stops), m)
 
 
+def _shape_keys(st: Structure) -> tuple[np.ndarray, np.ndarray]:
+    """The first key of every column shape (boundary keys, then one key per class) and the
+    distance D from which each shape repeats every Qv."""
+    T, P = st.T, st.P
+    keys = np.concatenate([np.arange(T), T + np.arange(P)]).astype(_I64)
+    D = np.concatenate([np.maximum(T - np.arange(T), st.Dv), np.full(P, st.Dv)]).astype(_I64)
+    return keys, D
+
+
 def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     """The runs of every column shape, from the pattern tree (`sas.ir.line_runs`)."""
     T, P, Q = st.T, st.P, st.Qv
     check_lines(pattern, T + P, st, "column shapes")
-    keys = np.concatenate([np.arange(T), T + np.arange(P)]).astype(_I64)
-    D = np.concatenate([np.maximum(T - np.arange(T), st.Dv), np.full(P, st.Dv)]).astype(_I64)
+    keys, D = _shape_keys(st)
     if int((D + Q + 1).sum()) >= (1 << 62):
         check_lines(pattern, SHAPE_LIMIT + 1, st, "column cells")
     # CHUNK_LINES columns at a time: the run algebra's temporaries (a few dozen arrays of the
@@ -328,6 +336,31 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     ptr = np.zeros(len(keys) + 1, dtype=_I64)
     np.cumsum(np.concatenate(counts), out=ptr[1:])
     return ColumnShapes(T, P, Q, D, ptr, np.concatenate(starts), np.concatenate(stops))
+
+
+#: Column shapes `estimated_runs` reads (evenly spread), and the cells (distances over all
+#: shapes) below which it reads none: so few runs need no estimate.
+ESTIMATE_LINES = 32
+ESTIMATE_FROM_CELLS = 1 << 24
+
+
+def estimated_runs(pattern: Pattern, st: Structure) -> float:
+    """About how many runs `column_shapes` would build: the runs per distance of
+    `ESTIMATE_LINES` shapes evenly spread, times the distances of all (0 where they hold fewer
+    than `ESTIMATE_FROM_CELLS` cells; inf past the shapes limit, which `column_shapes` refuses)."""
+    T, P, Q = st.T, st.P, st.Qv
+    if T + P > SHAPE_LIMIT:
+        return float("inf")
+    keys, D = _shape_keys(st)
+    if float((D + Q).sum()) < ESTIMATE_FROM_CELLS:
+        return 0.0
+    pick = np.unique(np.linspace(0, len(keys) - 1, ESTIMATE_LINES).astype(_I64))
+    k = keys[pick]
+    try:
+        r = line_runs(pattern, COLUMN, k, k, k + D[pick] + Q, limit=RUN_LIMIT)
+    except AnalysisLimitError:
+        return float("inf")
+    return len(r) / float((D[pick] + Q).sum()) * float((D + Q).sum())
 
 
 def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> None:

@@ -110,7 +110,9 @@ class KeySet:
         inner = E(self.T) + (r // self.k) * self.P + lookup(self.classes, r % self.k) if self.classes else E(-1)
         if not self.boundary:
             return inner
-        return where(rho.lt(self.nb), lookup(self.boundary, rho), inner)
+        # a range reads as its first two keys do (the same progression, without a scan of all)
+        b = lookup(self.boundary[:2] if _contiguous(self.boundary) else self.boundary, rho)
+        return where(rho.lt(self.nb), b, inner)
 
     def count_upto_expr(self, i: E) -> E:
         y = i - self.T + 1
@@ -119,9 +121,79 @@ class KeySet:
                  if self.classes else E(self.nb))
         if self.T == 0:
             return inner
-        bcnt = tuple((_count_below(self.boundary, self.T) + _flags(self.boundary, self.T)).tolist())
+        bcnt = () if _contiguous(self.boundary) else \
+            tuple((_count_below(self.boundary, self.T) + _flags(self.boundary, self.T)).tolist())
         outer = _boundary_count(self.boundary, bcnt, i)
         return where(i.lt(self.T), outer, inner)
+
+
+#: Most boundary keys and classes `flag_keyset` describes: each becomes a tuple literal in the
+#: synthesized functions, which the kernel lowering inlines up to 256 items.
+MAX_TERMS = 256
+#: Positions `flag_keyset` compares first for each candidate period (the whole rest only for a
+#: candidate that passes).
+_PROBE = 1 << 12
+
+
+def flag_keyset(flags: np.ndarray, max_terms: int = MAX_TERMS) -> KeySet | None:
+    """The keys j < n with `flags[j]` as a `KeySet` whose synthesized form stays small, or None
+    when the flags have no such description (on keys < n; the set claims nothing past them).
+
+    Past a boundary the flags must repeat with a period of at most `max_terms` keys; the
+    boundary is either at most `max_terms` keys long (none tried first), or ends where the first
+    run of flagged keys ends (keys used up to some point: a range, which the functions test
+    without a table). The smallest period of the rest is searched by `_period`, and the boundary
+    is then the smallest T from which the flags repeat every P keys."""
+    flags = np.asarray(flags, dtype=bool)
+    n = len(flags)
+    for t0 in _boundary_candidates(flags, max_terms):
+        period = _period(flags[t0:], max_terms)
+        if period is None or t0 + period > n:
+            continue
+        differ = np.flatnonzero(flags[:t0] != flags[period:t0 + period])
+        T = int(differ[-1]) + 1 if len(differ) else 0
+        boundary = np.flatnonzero(flags[:T])
+        if len(boundary) > max_terms and int(boundary[-1] - boundary[0]) + 1 != len(boundary):
+            continue
+        return KeySet(T, period, tuple(boundary.tolist()), tuple(np.flatnonzero(flags[T:T + period]).tolist()))
+    if n <= max_terms:                      # no full period past a boundary: all boundary keys
+        return KeySet(n, 1, tuple(np.flatnonzero(flags).tolist()), ())
+    return None
+
+
+def _boundary_candidates(flags: np.ndarray, max_terms: int) -> list[int]:
+    """Where the periodic part may start: at the first key, after `max_terms` keys, or after the
+    first run of flagged keys when that ends later."""
+    out = [0, min(max_terms, len(flags))]
+    on = np.flatnonzero(flags)
+    if len(on):
+        off = np.flatnonzero(~flags[on[0]:])
+        end = int(on[0] + off[0]) if len(off) else len(flags)
+        if end > out[0]:
+            out.append(end)
+    return out
+
+
+def _period(x: np.ndarray, max_period: int) -> int | None:
+    """The smallest p <= max_period with x[k + p] == x[k] for every k (1 for a constant x),
+    or None."""
+    if len(x) == 0 or x.all() or not x.any():
+        return 1
+    # a period maps the first position of the rarer value to another of the same value
+    rare = bool(x.sum() * 2 <= len(x))
+    at = np.flatnonzero(x == rare)[:max_period + 1]
+    for p in (at[1:] - at[0]).tolist():
+        if p > max_period:
+            break
+        probe = min(len(x) - p, _PROBE)
+        if np.array_equal(x[p:p + probe], x[:probe]) and np.array_equal(x[p:], x[:-p]):
+            return int(p)
+    return None
+
+
+def _contiguous(members: tuple[int, ...]) -> bool:
+    """Whether sorted members form one range (tested as such, without a table)."""
+    return bool(members) and members[-1] - members[0] + 1 == len(members)
 
 
 def _flags(members: tuple[int, ...], size: int) -> np.ndarray:
@@ -207,7 +279,7 @@ def _range_member(boundary: tuple[int, ...], T: int, j: E) -> E:
     if not boundary:
         return E(False)
     b0, b1 = boundary[0], boundary[-1] + 1
-    if len(boundary) == b1 - b0:
+    if _contiguous(boundary):
         conds = [j.ge(b0)] if b0 > 0 else [j.ge(0)]
         if b1 < T:
             conds.append(j.lt(b1))
@@ -217,7 +289,7 @@ def _range_member(boundary: tuple[int, ...], T: int, j: E) -> E:
 
 def _boundary_index(boundary: tuple[int, ...], T: int, j: E) -> E:
     b0 = boundary[0]
-    if len(boundary) == boundary[-1] + 1 - b0:
+    if _contiguous(boundary):
         return j - b0
     pos = {b: k for k, b in enumerate(boundary)}
     return lookup(tuple(pos.get(v, 0) for v in range(T)), j)
@@ -227,6 +299,6 @@ def _boundary_count(boundary: tuple[int, ...], bcnt: tuple[int, ...], i: E) -> E
     if not boundary:
         return E(0)
     b0, b1 = boundary[0], boundary[-1] + 1
-    if len(boundary) == b1 - b0:
+    if _contiguous(boundary):
         return where(i.lt(b0), 0, where(i.lt(b1), i + 1 - b0, len(boundary)))
     return where(i.lt(0), 0, lookup(bcnt, i))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sas.analysis.columns import ColumnShapes
-from sas.analysis.keysets import KeySet
+from sas.analysis.keysets import KeySet, flag_keyset
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,45 @@ def padded_scheme(cols: ColumnShapes, C: int, n: int) -> Scheme | None:
         if R is not None and (best is None or F + R < best.C):
             best = PrefixRingScheme(prefix, F, ring, R)
     return best
+
+
+#: A closed form with more slots than the minimal cache (`padded_scheme`, `ring_from_last_use`)
+#: replaces a per-token table only while its extra slots stay within 1/PAD_FRACTION of the
+#: minimal size, or PAD_SLOTS slots for a small cache: every slot costs a key and a value per
+#: head and layer, a table entry a few bytes per token.
+PAD_FRACTION = 8
+PAD_SLOTS = 64
+
+
+def padding_ok(minimal: int, size: int) -> bool:
+    """Whether a closed form of `size` slots may stand in for a table of `minimal` slots."""
+    return size - minimal <= max(minimal // PAD_FRACTION, PAD_SLOTS)
+
+
+#: Every key, one ring over positions: slot = j % C.
+ALL_KEYS = KeySet(0, 1, (), (0,))
+
+
+def ring_from_last_use(last_use: np.ndarray) -> RingScheme | None:
+    """The smallest ring valid for per-token last uses (`last_use[j]`, -1 for keys never
+    used), over the used keys when they have a periodic description (`flag_keyset`), else over
+    every key; None when no key is used.
+
+    A key j keeps its slot until the ring comes back to it: the ring is valid with C slots when
+    fewer than C members of the key set arrive in (j, last_use[j]] for every used key j, so the
+    smallest C is that count's maximum plus one (exact, no search)."""
+    last_use = np.asarray(last_use, dtype=np.int64)
+    used = last_use >= 0
+    if not used.any():
+        return None
+    keys = flag_keyset(used)
+    j = np.flatnonzero(used).astype(np.int64)
+    if keys is None:                        # every key a member: (j, L(j)] holds L(j) - j
+        keys, between = ALL_KEYS, last_use[j] - j
+    else:                                   # the members are the used keys (below n)
+        count = np.cumsum(used, dtype=np.int64)
+        between = count[last_use[j]] - count[j]
+    return RingScheme(keys, int(between.max()) + 1)
 
 
 def scheme_size(scheme: Scheme) -> int:
