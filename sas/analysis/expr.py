@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Union
 
+import numpy as np
+
 Operand = Union["E", int]
 
 
@@ -180,15 +182,36 @@ def where(cond: E, then: Operand, other: Operand) -> E:
     return E(ast.IfExp(cond.node, _node(then), _node(other)))
 
 
+#: Longest tuple written as a tuple of constant nodes; a longer one (the boundary keys of a key set
+#: with a boundary of 10^5 keys) is one constant node holding the tuple: a node per item made
+#: building, copying and compiling the functions take seconds. The kernel lowerings inline at
+#: most 256 items either way (`sas.codegen.printers`).
+INLINE_NODES = 256
+
+
 def lookup(values: tuple[int, ...], index: E) -> E:
     """`values[index]` with the simplest arithmetic form found, else an inline tuple.
 
     Recognizes constant and arithmetic-progression tuples so that periodic structure turns
-    into floor/mod arithmetic; other tuples stay as a per-period table literal.
+    into floor/mod arithmetic; other tuples stay as a per-period table literal (one constant
+    node past `INLINE_NODES` items).
     """
     if len(values) == 1:
         return E(values[0])
-    step = values[1] - values[0]
-    if all(values[k + 1] - values[k] == step for k in range(len(values) - 1)):
-        return index * step + values[0]
-    return E(ast.Subscript(ast.Tuple([ast.Constant(v) for v in values], ast.Load()), index.node, ast.Load()))
+    steps = np.diff(np.asarray(values, dtype=np.int64))
+    if bool((steps == steps[0]).all()):
+        return index * int(steps[0]) + values[0]
+    if len(values) > INLINE_NODES:
+        table: ast.expr = ast.Constant(tuple(int(v) for v in values))
+    else:
+        table = ast.Tuple([ast.Constant(v) for v in values], ast.Load())
+    return E(ast.Subscript(table, index.node, ast.Load()))
+
+
+def constant_tuple(node: ast.expr) -> tuple[int, ...] | None:
+    """The items of a tuple of constants (as `lookup` writes it, either way), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, tuple):
+        return node.value
+    if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts):
+        return tuple(e.value for e in node.elts)
+    return None

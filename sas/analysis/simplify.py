@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
+from sas.analysis.expr import constant_tuple
+
 #: the functions a person reads, in module order
 FUNCTIONS = ("cache_id_func", "slot_key_func", "mask_func")
 #: preferred sign of a variable in a printed comparison (earlier = printed with a + sign)
@@ -405,9 +407,10 @@ class _Numpy(ast.NodeVisitor):
     def visit_Subscript(self, node: ast.Subscript) -> Any:
         """A tuple literal of constants indexed by an integer expression (pattern predicates of
         spreads): Python's indexing; lanes out of range are ones a conditional discards."""
-        if not (isinstance(node.value, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.value.elts)):
+        values = constant_tuple(node.value)
+        if values is None:
             return self.generic_visit(node)
-        table = np.asarray([e.value for e in node.value.elts])
+        table = np.asarray(values)
         idx = np.asarray(self.visit(node.slice))
         idx = np.where(idx < 0, idx + len(table), idx)
         return table[np.clip(idx, 0, len(table) - 1)]

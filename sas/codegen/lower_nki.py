@@ -242,6 +242,9 @@ class NkiLowering:
     def _subscript(self, node: ast.Subscript) -> _V:
         """`(c0, c1, ...)[x]` or `TABLE[x]` with a small table of integer constants: a chain of
         nl.where over `x == k` (0 outside the range, as the Triton lowering reads it)."""
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, tuple):   # expr.lookup, long
+            raise NotYetSupportedError(f"subscript of a {len(node.value.value)}-entry table: the NKI lowering "
+                                       f"inlines at most {MAX_INLINE_TABLE} (as nl.where chains)")
         if isinstance(node.value, ast.Tuple):
             items = [self.lower(e) for e in node.value.elts]
             if not all(v.is_const for v in items):

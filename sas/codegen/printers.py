@@ -483,8 +483,12 @@ class ExprWalker:
 
     def _tuple_subscript(self, node: ast.Subscript) -> _V:
         """`(c0, c1, ...)[x]` with integer constants: a chain of selects (0 out of range)."""
-        items = node.value.elts  # type: ignore[attr-defined]
-        values = []
+        if isinstance(node.value, ast.Constant):          # one node holding a long tuple (expr.lookup)
+            values = [int(v) for v in node.value.value]
+            items: list[ast.expr] = []
+        else:
+            items = node.value.elts  # type: ignore[attr-defined]
+            values = []
         for e in items:
             v = self._lower(e)
             if not v.is_const:
@@ -509,7 +513,8 @@ class ExprWalker:
         return _V(out, False) if out != "0" else self._c(0)
 
     def _subscript(self, node: ast.Subscript) -> _V:
-        if isinstance(node.value, ast.Tuple):
+        if isinstance(node.value, ast.Tuple) or (isinstance(node.value, ast.Constant)
+                                                 and isinstance(node.value.value, tuple)):
             return self._tuple_subscript(node)
         if not isinstance(node.value, ast.Name) or node.value.id not in self.tables:
             raise KernelError(
