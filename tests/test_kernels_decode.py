@@ -4,6 +4,7 @@ prefill (float64 reference from `to_mask`), through the compact KV cache."""
 from __future__ import annotations
 
 import ast
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -207,13 +208,18 @@ def test_table_driven_decode(name):
     assert prefill_then_decode(kern, p, L=56, P=20) < TOL[torch.float32]
 
 
-def test_table_decode_past_the_former_length_limit():
+@pytest.mark.parametrize("scheme", ["ring", "table"])
+def test_per_token_decode_past_the_former_length_limit(monkeypatch: pytest.MonkeyPatch, scheme: str):
     # no periodic description (a spread of a non-square unit over a diagonal layout): analysed per
-    # token at any length (refused past max_len 32768 before), decoded from its slot table
+    # token at any length (refused past max_len 32768 before); its last uses fit a ring, and the
+    # slot table (where no ring fits, forced here) decodes as well
     p = ((sas.Rect(size=(3, 2)) >> Diag(0, 2)) + Diag(0, 16)) * Diag(0, 64)
+    if scheme == "table":
+        monkeypatch.setattr(sys.modules["sas.analysis.analyze"], "ring_from_last_use", lambda last_use: None)
     kern = SASAttnKernel(p, max_len=40000, prefill_options=PO, decode_options=DO, num_splits=2)
     a = kern.plan.analysis
-    assert a.scheme == "table" and len(a.tables["CACHE_ID"]) == 40000 and kern.cache_size == a.cache_size
+    assert a.scheme == scheme and kern.cache_size == a.cache_size
+    assert (scheme == "table") == ("CACHE_ID" in a.tables and len(a.tables["CACHE_ID"]) == 40000)
     assert prefill_then_decode(kern, p, L=24, P=8) < TOL[torch.float32]
 
 

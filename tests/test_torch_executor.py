@@ -36,7 +36,8 @@ PATTERNS = {
     "openai_fixed": ((Rect(size=(8, 8)) >> Diag(0, 1)) + ((Rect(size=(8, 8)) * Rect(cols=(6, None))) >> Rect()))
     * Causal(),
     "strided_block_local": (Rect(size=(8, 8)) >> Diag(0, 1)) * Rect(stride=2) * Causal(),
-    "table_scheme": (Rect(size=(3, 2)) >> Diag(0, 3)) * Causal(),
+    # a drifting spread (no periodic description) and a sink column: no ring fits, a table
+    "table_scheme": ((Rect(size=(3, 2)) >> Diag(0, 3)) + Rect(cols=(0, 1))) * Causal(),
 }
 TOL = 2e-5
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # where the Triton kernels run
