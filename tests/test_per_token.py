@@ -25,8 +25,9 @@ from sas.ir.periodicity import structure
 
 ANALYZE = sys.modules["sas.analysis.analyze"]
 
-# spreads of non-square units over diagonal layouts: no periodic description
-DRIFTING = [(Rect(size=(2, 3)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> Diag(0, 2)) * Causal(),
+# spreads of non-square units over diagonal layouts: no periodic description (2 x 3 blocks on the
+# diagonal of blocks leave the lower triangle: bounded, periodic past its end, tests/test_periodicity.py)
+DRIFTING = [(Rect(size=(3, 1)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> Diag(0, 2)) * Causal(),
             ((Rect(size=(1, 3)) >> Diag(-2, None, stride=4)) + Diag(0, 4)) * Causal()]
 
 

@@ -77,6 +77,9 @@ HAND_PICKED = [
     (Diag(5, stride=7) + Diag(2, stride=5) + Diag(4, size=30, stride=2)
      + Rect(rows=(None, 12), stride=(41, 7), offset=(10, 3))) * Causal(),
     ~Rect(rows=(None, 12), stride=(41, 7), offset=(10, 3)) * Diag(-3, stride=4),
+    # a drifting spread (3 x 1 blocks) cut by a band: bounded, so periodic past its extent
+    (Rect(size=(3, 1)) >> Diag(0, 4)) * Diag(0, 8),
+    ~((Rect(size=(3, 1)) >> Diag(0, 4)) * Diag(0, 8)) * Diag(0, 5),
 ]
 
 
@@ -93,3 +96,13 @@ def test_bounded_side_carries_no_stride():
     assert (st.P, st.Qv, st.row_period, st.Qh, st.col_period) == (1, 1, 1, 7, 7)
     st = structure(Rect(rows=(5, None), cols=(0, 9), stride=(4, 3)))
     assert (st.P, st.Qv, st.row_period, st.Qh, st.col_period) == (1, 4, 4, 1, 1)
+
+
+def test_a_bounded_node_is_empty_past_its_extent():
+    """A node whose envelope ends (a drifting spread cut by a band: no cell past row 17) repeats
+    trivially past that boundary; without the envelope it had no periodic description at all, and
+    was analysed per token."""
+    p = (Rect(size=(3, 1)) >> Diag(0, 4)) * Diag(0, 8)
+    st = structure(p)
+    assert st.periodic and (st.T, st.P, st.Qv, st.Qh) == (17, 1, 1, 1)
+    assert not structure(Rect(size=(3, 1)) >> Diag(0, 4)).periodic

@@ -24,6 +24,7 @@ from functools import lru_cache, reduce
 from math import lcm
 
 from sas.ir.emptiness import provably_empty
+from sas.ir.envelope import node_extent
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
@@ -122,12 +123,36 @@ def structure(p: Pattern) -> Structure:
         # no cell (a product of diagonals of different residues, say): a sum gains nothing
         # from it, so a spread of a non-square unit that is empty leaves the sum periodic
         return EMPTY
+    if isinstance(p, (Or, And, Spread)):
+        return _bounded(p, _composite(p))
+    if isinstance(p, Not):
+        return structure(p.a)
+    raise TypeError(f"unknown pattern node {type(p).__name__}")
+
+
+#: Largest extent `_bounded` turns into a boundary: each key below it is a column shape of its
+#: own, of up to T distances (T^2 / 2 cells in all); the extent of a node can reach billions of
+#: cells (a spread's layout scaled up), which the per-token search handles far faster.
+BOUNDED_T = 1 << 12
+
+
+def _bounded(p: Pattern, rules: Structure) -> Structure:
+    """A node whose envelope ends (`sas.ir.envelope.node_extent`: no cell at row r or key c or
+    beyond) is empty past T = max(r, c), so every translation keeps it there: its structure is
+    that boundary with periods 1, taken where T is at most `BOUNDED_T` and the rules give no
+    period (a spread of a non-square unit cut by a bounded band) or a boundary no smaller."""
+    t = max(node_extent(p))
+    if t > BOUNDED_T or (rules.periodic and t > rules.T):
+        return rules
+    return Structure(True, 1, t, 1, 0, 1, 0, 1, 1)
+
+
+def _composite(p: Pattern) -> Structure:
+    """The structure of a sum, product or spread from its operands' (module rules)."""
     if isinstance(p, Or):
         return reduce(_merge, (structure(t) for t in p.terms if not provably_empty(t)))
     if isinstance(p, And):
         return reduce(_merge, (structure(t) for t in p.terms))
-    if isinstance(p, Not):
-        return structure(p.a)
     if isinstance(p, Spread):
         b = structure(p.layout)
         if not b.periodic:
