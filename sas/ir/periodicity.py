@@ -115,8 +115,8 @@ def structure(p: Pattern) -> Structure:
         rows_end, cols_end = r1 is not None, c1 is not None
         qv = 1 if rows_end else sr
         qh = 1 if cols_end else sc
-        p = 1 if rows_end or cols_end else lcm(sr, sc)
-        return Structure(True, p, t, qv, 0, qh, 0, qv, qh)
+        period = 1 if rows_end or cols_end else lcm(sr, sc)
+        return Structure(True, period, t, qv, 0, qh, 0, qv, qh)
     if isinstance(p, Dynamic):
         return Structure(True, 1, 0, 1, 0, 1, 0, 1, 1)
     if isinstance(p, (Or, And, Spread)) and provably_empty(p):
