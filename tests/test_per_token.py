@@ -259,7 +259,7 @@ def test_a_ring_too_large_for_the_padding_leaves_the_table() -> None:
 
 def test_a_padded_ring_past_the_table_length() -> None:
     """A drifting spread plus a diagonal band at 2^17: a ring of two more slots than the minimal
-    cache, valid for every key (same checks as the table's below)."""
+    cache, valid for every key (the same checks as the table's above)."""
     n = 1 << 17
     p = DRIFTING[2]
     a = analyze(p, n)
