@@ -354,27 +354,31 @@ def estimated_runs(pattern: Pattern, st: Structure) -> float:
     keys, D = _shape_keys(st)
     if float((D + Q).sum()) < ESTIMATE_FROM_CELLS:
         return 0.0
-    pick = np.unique(np.linspace(0, len(keys) - 1, ESTIMATE_LINES).astype(_I64))
-    k = keys[pick]
     try:
-        r = line_runs(pattern, COLUMN, k, k, k + D[pick] + Q, limit=RUN_LIMIT)
+        return _sampled_runs(pattern, keys, D, Q, ESTIMATE_LINES)
     except AnalysisLimitError:
         return float("inf")
-    return len(r) / float((D[pick] + Q).sum()) * float((D + Q).sum())
 
 
-def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> None:
-    """Refuse column shapes whose runs, estimated from `SAMPLE_LINES` of them evenly spread (runs
-    per cell read, times the cells of all), pass `ESTIMATE_MARGIN` times the runs limit."""
-    pick = np.unique(np.linspace(0, len(keys) - 1, SAMPLE_LINES).astype(_I64))
+def _sampled_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int, lines: int) -> float:
+    """The runs of all column shapes, estimated from `lines` of them evenly spread: runs per
+    cell read, times the cells of all (`AnalysisLimitError` where the sample alone passes the
+    runs limit)."""
+    pick = np.unique(np.linspace(0, len(keys) - 1, lines).astype(_I64))
     k = keys[pick]
     r = line_runs(pattern, COLUMN, k, k, k + D[pick] + Q, limit=RUN_LIMIT)
     cells = (D + Q).astype(np.float64)
-    estimate = len(r) / float(cells[pick].sum()) * float(cells.sum())
+    return len(r) / float(cells[pick].sum()) * float(cells.sum())
+
+
+def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> None:
+    """Refuse column shapes whose runs, estimated from `SAMPLE_LINES` of them (`_sampled_runs`),
+    pass `ESTIMATE_MARGIN` times the runs limit."""
+    estimate = _sampled_runs(pattern, keys, D, Q, SAMPLE_LINES)
     if estimate > ESTIMATE_MARGIN * RUN_LIMIT:
         raise AnalysisLimitError(f"the column shapes need about {estimate:.3g} runs (estimated from "
-                                 f"{len(pick)} of the {len(keys)} shapes), more than the limit {RUN_LIMIT} "
-                                 f"(the runs limit)")
+                                 f"{min(SAMPLE_LINES, len(keys))} of the {len(keys)} shapes), more than the "
+                                 f"limit {RUN_LIMIT} (the runs limit)")
 
 
 def upper_triangle_clear(pattern: Pattern, st: Structure) -> tuple[int, int] | None:
