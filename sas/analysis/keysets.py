@@ -169,7 +169,7 @@ def _boundary_candidates(flags: np.ndarray, max_terms: int) -> list[int]:
     if len(on):
         off = np.flatnonzero(~flags[on[0]:])
         end = int(on[0] + off[0]) if len(off) else len(flags)
-        if end > out[-1]:       # an earlier start finds no period that max_terms did not
+        if end > out[0]:
             out.append(end)
     return out
 
