@@ -116,5 +116,32 @@ def test_products_whose_terms_never_meet_skip_their_pieces(p, by_passed: bool, m
     np.testing.assert_array_equal(got[known], _want(mask, ROW, lo, hi)[known])
     # without the pieces the same columns are left to the caller
     monkeypatch.setattr(line_last_module, "terms_period", lambda terms, axis: line_last_module.LONG)
+    monkeypatch.setattr(line_last_module, "terms_piece_period",
+                        lambda terms, axis, fixed, x: np.full(len(fixed), line_last_module.LONG))
     _, known = last_cells(p, COLUMN, np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n))
+    assert not known.all()
+
+
+def test_a_piece_steps_by_its_own_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fuzzer's #8658, about: blocks of a spread drifting off the diagonal (every 36th row of
+    # a column) against every third diagonal meet on no row of two columns in three. The strided
+    # rows near the origin (17) and the band of stride 7 make the line's period 17 x 7 x 36 =
+    # 4284, longer than the sequence; past them each column repeats every 36 rows, and a few
+    # rounds of 36 rows settle it
+    p = (Diag(0, None, stride=3) * (Rect(rows=(2, 4), cols=(1, 3), stride=(2, 2)) >> Diag(0, None, stride=9))
+         * (~Diag(2, 19, stride=7) + Rect(rows=(0, 8), cols=(0, 3), stride=(17, 13), offset=(15, 4))
+            + Diag(-7, 24, stride=2)) * Causal())
+    n = 1500
+    monkeypatch.setattr(line_last_module, "ROUNDS", 8)
+    j, lo, hi = np.arange(n), np.arange(n), np.full(n, n)
+    want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, lo, hi)
+    assert (want < 0).sum() > n // 2
+    got, known = last_cells(p, COLUMN, j, lo, hi)
+    assert known.all()
+    np.testing.assert_array_equal(got, want)
+    # with the line's period alone (longer than the sequence) some are left unknown (the envelope
+    # settles those the spread's blocks never reach)
+    monkeypatch.setattr(line_last_module, "terms_piece_period",
+                        lambda terms, axis, fixed, x: np.full(len(fixed), line_last_module.LONG))
+    _, known = last_cells(p, COLUMN, j, lo, hi)
     assert not known.all()

@@ -34,7 +34,7 @@ import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
 from sas.ir.envelope import NODE_BOX, node_extent
-from sas.ir.line_period import LONG, line_period, terms_period, terms_piece_start
+from sas.ir.line_period import LONG, line_period, terms_period, terms_piece_period, terms_piece_start
 from sas.ir.line_runs import COLUMN, ROW, axis_selects, progression, unique_rows
 from sas.lang.pattern import And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
@@ -205,9 +205,9 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     top = hi[live] - 1
     xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
     sure = np.ones(len(live), dtype=bool)
-    period = terms_period(terms, axis)
     scan = top.copy()                       # (top, scan] holds no common cell
     rounds = np.zeros(len(live), dtype=_I64)     # rounds since scan was set
+    pieces = np.zeros(len(live), dtype=_I64)     # the period of scan's piece (0: not asked yet)
     for _ in range(ROUNDS):
         if not len(live):
             return out, known
@@ -228,32 +228,49 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
         out[live[done]] = np.where(agree[done], top[done], -1)
         known[live[done]] = sure[done]
         keep = ~done
-        live, top, xs, sure, scan, rounds = (live[keep], top[keep], xs[:, keep], sure[keep], scan[keep],
-                                             rounds[keep] + 1)
-        if period < LONG and len(live):
-            _skip_pieces(terms, neg, axis, fixed[live], lo[live], period, top, xs, scan, rounds)
+        live, top, xs, sure, scan, rounds, pieces = (live[keep], top[keep], xs[:, keep], sure[keep], scan[keep],
+                                                     rounds[keep] + 1, pieces[keep])
+        if len(live):
+            _skip_pieces(terms, neg, axis, fixed[live], lo[live], top, xs, scan, rounds, pieces)
     known[live] = False
     return out, known
 
 
-def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray, period: int,
-                 top: np.ndarray, xs: np.ndarray, scan: np.ndarray, rounds: np.ndarray) -> None:
+def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
+                 top: np.ndarray, xs: np.ndarray, scan: np.ndarray, rounds: np.ndarray,
+                 pieces: np.ndarray) -> None:
     """After a round of `_intersection`, in place: the positions passed, (top, scan], hold no
     common cell, and within one periodic piece of the line (`sas.ir.line_period`) the product
-    repeats every `period` positions. So where they cover a period inside the piece, the rest
+    repeats every `period` positions (that piece's own, `terms_piece_period`: the terms constant
+    there add nothing to it). So where they cover a period inside the piece, the rest
     of the piece holds no common cell either and the position drops below it; where the terms
     step down slowly (less than `ROUND_CELLS` positions a round) and the period is short (at
     most `WINDOW_PERIOD`), the rest of a period below the position is read cell by cell: its
     last common cell is the line's answer, and without one the position drops below the piece.
     Where a boundary of the pieces lies between top and scan, the scan restarts at the top of
-    top's piece."""
+    top's piece. `pieces` keeps the period of scan's piece from the first check after the scan
+    restarts (0 before): top has stayed in that piece wherever no boundary lies between them."""
+    due = rounds >= CHECK_AFTER
     gain = scan - top
-    windowed = period <= WINDOW_PERIOD
-    check = rounds >= CHECK_AFTER
-    check &= (gain >= period) | ((gain < ROUND_CELLS * rounds) & windowed)
+    slow = gain < ROUND_CELLS * rounds
+    # the line's period (valid in every piece) first; the piece's own, which costs a pass over
+    # the terms, only on the lines that period leaves waiting, once a scan
+    whole = terms_period(terms, axis)
+    if whole < LONG:
+        check = due & ((gain >= whole) | slow) if whole <= WINDOW_PERIOD else due & (gain >= whole)
+        wait = np.flatnonzero(due & ~check)
+    else:
+        check, wait = np.zeros(len(top), dtype=bool), np.flatnonzero(due)
+    if len(wait):
+        new = wait[pieces[wait] == 0]
+        if len(new):
+            pieces[new] = terms_piece_period(terms, axis, fixed[new], top[new])
+        q = pieces[wait]
+        check[wait] = (q < whole) & ((gain[wait] >= q) | (slow[wait] & (q <= WINDOW_PERIOD)))
     c = np.flatnonzero(check)
     if not len(c):
         return
+    period = np.where(pieces[c] > 0, pieces[c], whole)
     f = fixed[c]
     start, scanned = terms_piece_start(terms, axis, f, top[c]), terms_piece_start(terms, axis, f, scan[c])
     moved = start != scanned
@@ -261,14 +278,15 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
         i = c[moved]
         scan[i] = scanned[moved] - 1
         rounds[i] = 0
-        c, f, start = c[~moved], f[~moved], start[~moved]
+        pieces[i] = 0
+        c, f, start, period = c[~moved], f[~moved], start[~moved], period[~moved]
     full = scan[c] - top[c] >= period
     x = np.full(len(c), -1, dtype=_I64)
     part = np.flatnonzero(~full)            # slow lines: the rest of a period, cell by cell
     if len(part):
         i = c[part]
-        first = np.maximum(np.maximum(start[part], lo[i]), scan[i] - (period - 1))
-        step = max(1, WINDOW_CELLS // period)
+        first = np.maximum(np.maximum(start[part], lo[i]), scan[i] - (period[part] - 1))
+        step = max(1, WINDOW_CELLS // int(period[part].max()))
         for c0 in range(0, len(i), step):
             s = slice(c0, c0 + step)
             x[part[s]] = _window_last(terms, neg, axis, f[part[s]], first[s], top[i[s]])
@@ -278,6 +296,7 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
     xs[:, c] = np.where(found, x, _ABOVE)
     scan[c] = top[c]
     rounds[c] = 0
+    pieces[c] = 0
 
 
 def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, start: np.ndarray,

@@ -16,6 +16,12 @@ So between two consecutive boundaries `[beta, gamma)` of a line, `x` and `x + pe
 attended or both not (when both lie in the piece). `sas.ir.line_last` uses it to stop a
 product's terms from stepping down a line whose terms never meet: once the positions it has
 passed in a piece cover a whole period without a common cell, the piece holds none.
+
+Within one piece a node may repeat sooner (`piece_period`): a `Diag` or `Rect` is constant
+outside `[a, b)` (and on a line it misses), so it repeats there with period 1, and a sum or
+product takes the least common multiple of its terms' periods in that piece only. A band that
+ended long before, or strided rows near the origin, then no longer stretch the period of a
+product far down its lines (the fuzzer's #8658: 36 rows there instead of 17 x 7 x 36 = 4284).
 """
 
 from __future__ import annotations
@@ -86,6 +92,38 @@ def piece_start(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.n
     raise TypeError(f"piece_start: unknown pattern node {type(p).__name__}")
 
 
+def piece_period(p: Pattern, axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """On each line, a period of p within the piece holding position x (module doc): a divisor
+    of `line_period(p, axis)`, at most `LONG`. `fixed`, `x` int64 arrays of one length, x >= 0."""
+    if isinstance(p, (Diag, Rect)):
+        on, a, b, mod, _ = progression(p, axis, fixed)
+        return np.where(on & (a <= x) & (x < b), mod, 1).astype(_I64)
+    if isinstance(p, Dynamic):
+        return np.ones(len(fixed), dtype=_I64)
+    if isinstance(p, Not):
+        return piece_period(p.a, axis, fixed, x)
+    if isinstance(p, (And, Or)):
+        return terms_piece_period(p.terms, axis, fixed, x)
+    if isinstance(p, Spread):
+        h, w = p.shape
+        across, along = (w, h) if axis == COLUMN else (h, w)
+        inner = piece_period(p.layout, axis, fixed // across, x // along)
+        return np.where(inner < LONG // along, np.minimum(inner, LONG // along) * along, LONG)
+    raise TypeError(f"piece_period: unknown pattern node {type(p).__name__}")
+
+
+def terms_piece_period(terms: Sequence[Pattern], axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`piece_period` of a sum or product of `terms` (at least one): the least common multiple
+    of theirs, at most `LONG`."""
+    out = piece_period(terms[0], axis, fixed, x)
+    for t in terms[1:]:
+        q = piece_period(t, axis, fixed, x)
+        step = out // np.gcd(out, q)
+        cap = LONG // q
+        out = np.where(step < cap, np.minimum(step, cap) * q, LONG)   # both at most LONG: no overflow
+    return out
+
+
 def terms_piece_start(terms: Sequence[Pattern], axis: int, fixed: np.ndarray, x: np.ndarray) -> np.ndarray:
     """`piece_start` of a sum or product of `terms` (at least one): the largest of theirs."""
     out = piece_start(terms[0], axis, fixed, x)
@@ -94,4 +132,5 @@ def terms_piece_start(terms: Sequence[Pattern], axis: int, fixed: np.ndarray, x:
     return out
 
 
-__all__ = ["LONG", "line_period", "piece_start", "terms_period", "terms_piece_start"]
+__all__ = ["LONG", "line_period", "piece_period", "piece_start", "terms_period", "terms_piece_period",
+           "terms_piece_start"]
