@@ -21,22 +21,26 @@ from sas.errors import AnalysisError, KernelError
 from sas.ir import line_last
 from sas.plan import causal_within
 from sas.ir.line_runs import COLUMN, line_runs
-from sas.ir.periodicity import structure
+from sas.ir.periodicity import NON_PERIODIC, structure
 
 ANALYZE = sys.modules["sas.analysis.analyze"]
 
 # spreads of non-square units over diagonal layouts: no periodic description (2 x 3 blocks on the
 # diagonal of blocks leave the lower triangle: bounded, periodic past its end, tests/test_periodicity.py)
+#: The first two have no periodic description; the third has one since spreads of units wider
+#: than tall below a diagonal got theirs (`sas.ir.periodicity.structure_in`): the tests that ask
+#: `analyze` for its per-token scheme take that away (`_per_token_only`).
 DRIFTING = [(Rect(size=(3, 1)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> Diag(0, 2)) * Causal(),
             ((Rect(size=(1, 3)) >> Diag(-2, None, stride=4)) + Diag(0, 4)) * Causal()]
 
 
 @st.composite
 def drifting(draw, max_depth: int = 2):
-    """Compositions holding a spread of a non-square unit over a layout with a Diag (no periodic
-    description: its blocks drift off the diagonal)."""
-    h, w = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    assume(h != w)
+    """Compositions holding a spread of a unit taller than wide over a layout with a Diag (no
+    periodic description: its blocks drift off the diagonal, and reach both sides of the
+    layout's diagonal below any line; a wider unit repeats below one, `structure_in`)."""
+    w = draw(st.integers(1, 3))
+    h = draw(st.integers(w + 1, 4))
     unit = Rect(size=(h, w))
     if draw(st.booleans()):
         unit = unit * draw(spread_units(max_depth=1))
@@ -166,6 +170,11 @@ def test_causality_check_equals_the_mask(p, n: int) -> None:
         assert bad is None
 
 
+def _per_token_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`analyze` finds no periodic description (DRIFTING[2] has one): analysed per token."""
+    monkeypatch.setattr(ANALYZE, "structure", lambda p: NON_PERIODIC)
+
+
 def _no_ring(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-token analyses keep their table (as when no ring fits)."""
     monkeypatch.setattr(ANALYZE, "ring_from_last_use", lambda last_use: None)
@@ -177,6 +186,7 @@ def test_per_token_schemes_decode_the_mask(tiny_steps: None, monkeypatch: pytest
     """Their last uses fit a ring of the minimal size (the keys in one ring, in order): the closed
     form is used; the table (where no ring fits) decodes the mask as well."""
     n = 70
+    _per_token_only(monkeypatch)
     if table:
         _no_ring(monkeypatch)
     a = analyze(p, n)
@@ -257,11 +267,12 @@ def test_a_ring_too_large_for_the_padding_leaves_the_table() -> None:
     assert any("needs 43692 slots" in note and "padding allowed" in note for note in a.notes)
 
 
-def test_a_padded_ring_past_the_table_length() -> None:
-    """A drifting spread plus a diagonal band at 2^17: a ring of two more slots than the minimal
-    cache, valid for every key (the same checks as the table's above)."""
+def test_a_padded_ring_past_the_table_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drifting spread plus a diagonal band at 2^17, analysed per token: a ring of two more
+    slots than the minimal cache, valid for every key (the same checks as the table's above)."""
     n = 1 << 17
     p = DRIFTING[2]
+    _per_token_only(monkeypatch)
     a = analyze(p, n)
     assert a.closed_form and a.scheme == "ring" and a.cache_size > a.minimal_cache_size
     _check_slots(a.cache_ids(), per_token.last_use(p.restrict(n), n), a.minimal_cache_size)

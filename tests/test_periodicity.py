@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
+from hypothesis import strategies as hst
 
 from sas import Causal, Diag, Rect
-from sas.ir.periodicity import Structure, structure
+from sas.ir.periodicity import Structure, gap, structure
 
-from strategies import leaves, patterns
+from strategies import diags, leaves, patterns, spread_units
 
 #: Largest mask side the property reads (a pattern whose window is longer is skipped by assume).
 MAX_SIDE = 400
@@ -80,6 +81,15 @@ HAND_PICKED = [
     # a drifting spread (3 x 1 blocks) cut by a band: bounded, so periodic past its extent
     (Rect(size=(3, 1)) >> Diag(0, 4)) * Diag(0, 8),
     ~((Rect(size=(3, 1)) >> Diag(0, 4)) * Diag(0, 8)) * Diag(0, 5),
+    # spreads of units wider than tall below a diagonal (`structure_in`): the fuzzer's #7171,
+    # about, and strided layouts, complements and sums of them
+    (Rect(size=(1, 2)) >> Causal()) * Causal(),
+    (Diag(-4, 48, stride=2) * Diag(-7, 16, stride=3) * (Rect(size=(1, 2)) >> Causal())
+     + Diag(-15, 35, stride=7)) * Causal(),
+    (Rect(size=(3, 4)) >> Diag(-4, None, stride=7)) * Diag(2, None),
+    ~(Rect(size=(2, 5)) >> Diag(1, None, stride=3)) * Diag(-3, None),
+    ((Rect(rows=(0, 2), cols=(2, 5)) >> (Rect(stride=(4, 2), offset=(3, 1)) * Diag(2, None, stride=5)))
+     + Diag(3, 7)) * Diag(0, None, stride=2),
 ]
 
 
@@ -106,3 +116,50 @@ def test_a_bounded_node_is_empty_past_its_extent():
     st = structure(p)
     assert st.periodic and (st.T, st.P, st.Qv, st.Qh) == (17, 1, 1, 1)
     assert not structure(Rect(size=(3, 1)) >> Diag(0, 4)).periodic
+
+
+@hst.composite
+def wide_spreads_below_a_diagonal(draw):
+    """A spread of a unit wider than tall (its blocks drift off the diagonal) inside a sum, a
+    product or a complement, cut by a Diag: periodic below the Diag's line (`structure_in`)."""
+    h = draw(hst.integers(1, 4))
+    w = draw(hst.integers(h + 1, 7))
+    unit = Rect(size=(h, w))
+    if draw(hst.booleans()):
+        unit = unit * draw(spread_units(max_depth=1))
+    layout = draw(diags())
+    if draw(hst.booleans()):
+        layout = layout + draw(leaves()) if draw(hst.booleans()) else layout * draw(leaves())
+    p = unit >> layout
+    how = draw(hst.sampled_from(["", "+", "*", "~"]))
+    if how == "+":
+        p = p + draw(leaves())
+    elif how == "*":
+        p = p * draw(leaves())
+    elif how == "~":
+        p = ~p
+    return p * draw(diags())
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_spreads_below_a_diagonal())
+def test_wide_spreads_below_a_diagonal_keep_every_guarantee(p):
+    st = structure(p)
+    assume(st.periodic)
+    n = _side(st)
+    assume(n <= MAX_SIDE)
+    assert _broken_guarantees(p.to_mask(n), st) == []
+
+
+def test_a_wide_spread_below_a_diagonal_repeats():
+    """Blocks of 1 x 2 over the causal layout drift off the diagonal (no structure alone), but
+    below the diagonal every cell is attended from row 0 on; with a strided layout the blocks
+    repeat every lcm(h, w) P' rows, P' = lcm(layout P, layout Qv) (here 84 = lcm(3 x 7, 4 x 7))."""
+    wide = Rect(size=(1, 2)) >> Causal()
+    assert not structure(wide).periodic and gap(wide * Causal()) == 0
+    st = structure(wide * Causal())
+    assert st.periodic and (st.P, st.T, st.Qv) == (2, 0, 1)
+    st = structure((Rect(size=(3, 4)) >> Diag(-4, None, stride=7)) * Diag(2, None))
+    assert st.periodic and (st.P, st.Qv, st.Dv) == (84, 21, 2)
+    # a unit taller than wide reaches both sides of its layout's diagonal below any line: none
+    assert not structure((Rect(size=(3, 1)) >> Causal()) * Causal()).periodic

@@ -15,6 +15,15 @@ Guarantees of `Structure` for the pattern's mask M on the quadrant i, j >= 0:
 (0, C) for `j >= T`, used to handle spreads whose unit is not square.
 `periodic` is False when no such description is known (then the analyzer falls back to a
 per-token table and says so).
+
+A spread whose unit is wider than tall drifts off the diagonal (its layout's diagonal becomes a
+line of slope w / h in cells), so it has no such description on the whole quadrant. Inside a
+product whose cells all lie on or below a diagonal, `i - j >= g` (a `Diag` factor, `gap`), its
+cells sit ever further below its layout's diagonal, where the layout repeats vertically and
+diagonally; `structure_in(p, g)` derives the guarantees that hold there, and the product's
+structure (empty above the line) holds everywhere: `(Rect(size=(1, 2)) >> Causal()) * Causal()`
+(every cell on or below the diagonal) repeats with P = 2, its layout strided by 7 under 3 x 4
+blocks every 84 cells.
 """
 
 from __future__ import annotations
@@ -152,7 +161,9 @@ def _composite(p: Pattern) -> Structure:
     if isinstance(p, Or):
         return reduce(_merge, (structure(t) for t in p.terms if not provably_empty(t)))
     if isinstance(p, And):
-        return reduce(_merge, (structure(t) for t in p.terms))
+        out = reduce(_merge, (structure(t) for t in p.terms))
+        g = gap(p)
+        return out if out.periodic or g is None else _product_in(p, g)
     if isinstance(p, Spread):
         b = structure(p.layout)
         if not b.periodic:
@@ -169,6 +180,80 @@ def _composite(p: Pattern) -> Structure:
             return Structure(True, lcm(rp, cp), t, rp, 0, cp, 0, rp, cp)
         return NON_PERIODIC
     raise TypeError(f"unknown pattern node {type(p).__name__}")
+
+
+@lru_cache(maxsize=4096)
+def gap(p: Pattern) -> int | None:
+    """A g with i - j >= g for every cell (i, j) of p, from its diagonals (None: unknown)."""
+    if isinstance(p, Diag):
+        return p.offset
+    if isinstance(p, And):
+        known = [g for g in (gap(t) for t in p.terms) if g is not None]
+        return max(known) if known else None
+    if isinstance(p, Or):
+        gs = [gap(t) for t in p.terms if not provably_empty(t)]
+        return min(gs) if gs and all(g is not None for g in gs) else None
+    return None
+
+
+@lru_cache(maxsize=4096)
+def structure_in(p: Pattern, g: int) -> Structure:
+    """The guarantees of `Structure` for p's cells on or below the line i - j = g only: each
+    holds where both cells it compares satisfy i - j >= g (Dv >= g; no horizontal, row or column
+    claim: Qh = 1, Dh >= 1 - g lies above the line, row and column periods None). A product whose
+    cells all lie there (`gap`) keeps the same guarantees on the whole quadrant.
+
+    - a node with a structure of its own keeps it (it holds everywhere);
+    - a sum or a complement as its operands (merged), a product with the larger of g and its
+      own gap;
+    - a spread whose unit is wider than tall (h < w) over a periodic layout L: below the line a
+      cell (i, j) lies in the layout's block (I, J) = (i // h, j // w) with
+      I - J >= i (1/h - 1/w) - (h - 1)/h + g/w, so from row `T` on I - J >= L.Dv, where L
+      repeats vertically every L.Qv and diagonally every L.P. Moving (i, j) by (P, P) moves
+      (I, J) by (P/h, P/w): vertically by P/h - P/w, then diagonally by P/w; with P a multiple
+      of h P' and w P' (P' = lcm(L.P, L.Qv)) both are whole periods, and the unit's cell stays.
+      Vertically, h L.Qv rows move the block by L.Qv;
+    - anything else (a drifting spread of a unit taller than wide, whose cells reach both sides
+      of its layout's diagonal): none."""
+    own = structure(p)
+    if own.periodic:
+        return own
+    if isinstance(p, And):
+        mine = gap(p)
+        return _product_in(p, g if mine is None else max(g, mine))
+    if isinstance(p, Or):
+        parts = [structure_in(t, g) for t in p.terms if not provably_empty(t)]
+        out = reduce(_merge, parts) if parts else EMPTY
+    elif isinstance(p, Not):
+        out = structure_in(p.a, g)
+    elif isinstance(p, Spread) and p.shape[0] < p.shape[1]:
+        lay = structure(p.layout)
+        if not lay.periodic:
+            return NON_PERIODIC
+        h, w = p.shape
+        step = lcm(lay.P, lay.Qv)
+        period = lcm(h * step, w * step)
+        # first row with I - J >= L.Dv for every cell on or below the line: i (w - h) >=
+        # L.Dv h w + (h - 1) w - g h
+        need = lay.Dv * h * w + (h - 1) * w - g * h
+        first = max(0, -(-need // (w - h)))
+        out = Structure(True, period, max(first, w * lay.T), h * lay.Qv, 0, 1, 0)
+    else:
+        return NON_PERIODIC
+    return _below(out, g)
+
+
+def _product_in(p: And, g: int) -> Structure:
+    """`structure_in(p, g)` of a product from its terms' (never from `structure(p)`, which asks
+    for it)."""
+    return _below(reduce(_merge, (structure_in(t, g) for t in p.terms)), g)
+
+
+def _below(s: Structure, g: int) -> Structure:
+    """s with only the claims of `structure_in(., g)`: vertical ones from i - j >= g, none above."""
+    if not s.periodic:
+        return s
+    return replace(s, Dv=max(s.Dv, g, 0), Qh=1, Dh=max(s.Dh, 1 - g, 0), row_period=None, col_period=None)
 
 
 def with_threshold(s: Structure, t: int) -> Structure:
