@@ -42,10 +42,14 @@ def test_padded_closed_forms_decode_the_mask(no_tables: None, p) -> None:
     decode_with_functions(a, p.to_mask(n))
 
 
-def test_without_the_limit_the_table_keeps_the_minimal_size() -> None:
+def test_without_the_limit_the_minimal_size_is_kept() -> None:
+    # up to the table limit nothing is padded: the keys' last uses fit a ring of the minimal
+    # size here (a table where they fit none)
     p = Diag(2, None) * Causal()
     a = analyze(p, 96)
-    assert not a.closed_form and a.cache_size == brute_cache_size(p.to_mask(96)) and a.minimal_cache_size is None
+    assert a.cache_size == brute_cache_size(p.to_mask(96)) and a.minimal_cache_size is None
+    assert a.closed_form and any("fit a closed-form ring of the minimal" in note for note in a.notes)
+    decode_with_functions(a, p.to_mask(96))
 
 
 def test_long_lengths_are_no_longer_refused() -> None:
