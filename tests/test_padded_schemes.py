@@ -75,3 +75,30 @@ def test_random_padded_schemes_decode_the_mask(p, n: int) -> None:
         assert not structure(p.restrict(n)).periodic and a.cache_size == minimal
         return
     assert (a.minimal_cache_size or a.cache_size) == minimal <= a.cache_size
+
+
+# periodic patterns whose padded closed form (`padded_scheme`) is a dense ring, while their keys'
+# last uses fit a ring of the minimal size (keys attended from 8, or 177, tokens after them on)
+LAST_USE_RINGS = [Diag(8, None) * Causal(), Diag(177, 493) * Causal()]
+
+
+@pytest.mark.parametrize("p", LAST_USE_RINGS, ids=repr)
+def test_a_ring_from_the_last_uses_beats_a_far_padded_form(no_tables: None, p) -> None:
+    n = 600
+    mask = p.to_mask(n)
+    a = analyze(p, n)
+    assert a.structure.periodic and a.closed_form and a.scheme == "ring"
+    assert a.cache_size == brute_cache_size(mask) and a.minimal_cache_size is None
+    assert any("fit a closed-form ring of the minimal" in note for note in a.notes)
+    decode_with_functions(a, mask)
+
+
+def test_a_close_padded_form_is_taken_without_the_last_uses(no_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the dense ring of Diag(8) is 8 slots over its minimal: within the padding allowed, but not
+    # close enough to skip the last uses; counted close, it is taken as it is
+    p, n = LAST_USE_RINGS[0], 600
+    mask = p.to_mask(n)
+    monkeypatch.setattr(ANALYZE, "PAD_CLOSE_SLOTS", 8)
+    a = analyze(p, n)
+    assert a.closed_form and a.minimal_cache_size == brute_cache_size(mask) == n - 8 and a.cache_size == n
+    decode_with_functions(a, mask)
