@@ -14,6 +14,8 @@ Public names:
     leaves()                      one primitive
     rects(), diags(), dynamics()  one primitive of that kind
     spread_units(max_depth=2)     a bounded unit for the left side of `>>`
+    drifting_spreads(wide, ...)   a spread of a non-square unit over a Diag layout, in a
+                                  sum, product or complement
     static_plus_h2o(...)          (static, budget) for `static + (Causal() * ~static) *
                                   Dynamic(budget)` that the dynamic runtime accepts
 """
@@ -164,6 +166,32 @@ def patterns(max_depth: int = 4) -> st.SearchStrategy[Pattern]:
 def causal_patterns(max_depth: int = 4) -> st.SearchStrategy[Pattern]:
     """`patterns(max_depth) * Causal()`: every cell with j > i is off."""
     return patterns(max_depth).map(lambda p: p * Causal())
+
+
+@st.composite
+def drifting_spreads(draw, wide: bool, max_depth: int = 2):
+    """A spread of a non-square unit (wider than tall when `wide`, else taller) over a layout
+    with a Diag, alone or in a sum, a product or a complement: its blocks drift off the
+    diagonal (a wide one repeats below a diagonal line, `sas.ir.periodicity.structure_in`; a
+    tall one reaches both sides of its layout's diagonal below any line: no period)."""
+    short = draw(st.integers(1, 3))
+    long = draw(st.integers(short + 1, 4 if not wide else 7))
+    unit = Rect(size=(short, long) if wide else (long, short))
+    if draw(st.booleans()):
+        unit = unit * draw(spread_units(max_depth=1))
+    layout = draw(diags())
+    if draw(st.booleans()):
+        extra = draw(patterns(max_depth=1))
+        layout = layout + extra if draw(st.booleans()) else layout * extra
+    p = unit >> layout
+    how = draw(st.sampled_from(["", "+", "*", "~"]))
+    if how == "+":
+        p = p + draw(patterns(max_depth=max_depth))
+    elif how == "*":
+        p = p * draw(patterns(max_depth=max_depth))
+    elif how == "~":
+        p = ~p
+    return p
 
 
 # --- dynamic compositions ------------------------------------------------------------------------

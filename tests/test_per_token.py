@@ -13,7 +13,7 @@ import pytest
 from analysis_checks import brute_cache_size, brute_last_use, decode_with_functions
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from strategies import causal_patterns, diags, patterns, spread_units
+from strategies import causal_patterns, drifting_spreads
 
 from sas import Causal, Diag, Dynamic, Rect, analyze
 from sas.analysis import columns, per_token
@@ -34,29 +34,10 @@ DRIFTING = [(Rect(size=(3, 1)) >> Diag(0, 1)) * Causal(), (Rect(size=(3, 2)) >> 
             ((Rect(size=(1, 3)) >> Diag(-2, None, stride=4)) + Diag(0, 4)) * Causal()]
 
 
-@st.composite
-def drifting(draw, max_depth: int = 2):
-    """Compositions holding a spread of a unit taller than wide over a layout with a Diag (no
-    periodic description: its blocks drift off the diagonal, and reach both sides of the
-    layout's diagonal below any line; a wider unit repeats below one, `structure_in`)."""
-    w = draw(st.integers(1, 3))
-    h = draw(st.integers(w + 1, 4))
-    unit = Rect(size=(h, w))
-    if draw(st.booleans()):
-        unit = unit * draw(spread_units(max_depth=1))
-    layout = draw(diags())
-    if draw(st.booleans()):
-        layout = draw(st.sampled_from(["+", "*"])) == "+" and layout + draw(patterns(max_depth=1)) \
-            or layout * draw(patterns(max_depth=1))
-    p = unit >> layout
-    how = draw(st.sampled_from(["", "+", "*", "~"]))
-    if how == "+":
-        p = p + draw(patterns(max_depth=max_depth))
-    elif how == "*":
-        p = p * draw(patterns(max_depth=max_depth))
-    elif how == "~":
-        p = ~p
-    return p
+def drifting(max_depth: int = 2):
+    """Compositions without a periodic description: spreads of units taller than wide
+    (`strategies.drifting_spreads`)."""
+    return drifting_spreads(wide=False, max_depth=max_depth)
 
 
 @pytest.fixture

@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
-from hypothesis import strategies as hst
 
 from sas import Causal, Diag, Rect
 from sas.ir.periodicity import Structure, gap, structure
 
-from strategies import diags, leaves, patterns, spread_units
+from strategies import diags, drifting_spreads, leaves, patterns
 
 #: Largest mask side the property reads (a pattern whose window is longer is skipped by assume).
 MAX_SIDE = 400
@@ -49,14 +48,20 @@ def _broken_guarantees(m: np.ndarray, st: Structure) -> list[str]:
     return broken
 
 
-@settings(max_examples=300, deadline=None)
-@given(patterns())
-def test_random_compositions_keep_every_guarantee(p):
+def _check_guarantees(p) -> None:
+    """Every guarantee of p's structure on its mask (patterns without one, or with a window past
+    `MAX_SIDE`, are left out by assume)."""
     st = structure(p)
     assume(st.periodic)
     n = _side(st)
     assume(n <= MAX_SIDE)
     assert _broken_guarantees(p.to_mask(n), st) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(patterns())
+def test_random_compositions_keep_every_guarantee(p):
+    _check_guarantees(p)
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,37 +123,14 @@ def test_a_bounded_node_is_empty_past_its_extent():
     assert not structure(Rect(size=(3, 1)) >> Diag(0, 4)).periodic
 
 
-@hst.composite
-def wide_spreads_below_a_diagonal(draw):
-    """A spread of a unit wider than tall (its blocks drift off the diagonal) inside a sum, a
-    product or a complement, cut by a Diag: periodic below the Diag's line (`structure_in`)."""
-    h = draw(hst.integers(1, 4))
-    w = draw(hst.integers(h + 1, 7))
-    unit = Rect(size=(h, w))
-    if draw(hst.booleans()):
-        unit = unit * draw(spread_units(max_depth=1))
-    layout = draw(diags())
-    if draw(hst.booleans()):
-        layout = layout + draw(leaves()) if draw(hst.booleans()) else layout * draw(leaves())
-    p = unit >> layout
-    how = draw(hst.sampled_from(["", "+", "*", "~"]))
-    if how == "+":
-        p = p + draw(leaves())
-    elif how == "*":
-        p = p * draw(leaves())
-    elif how == "~":
-        p = ~p
-    return p * draw(diags())
 
 
 @settings(max_examples=200, deadline=None)
-@given(wide_spreads_below_a_diagonal())
-def test_wide_spreads_below_a_diagonal_keep_every_guarantee(p):
-    st = structure(p)
-    assume(st.periodic)
-    n = _side(st)
-    assume(n <= MAX_SIDE)
-    assert _broken_guarantees(p.to_mask(n), st) == []
+@given(drifting_spreads(wide=True, max_depth=1), diags())
+def test_wide_spreads_below_a_diagonal_keep_every_guarantee(p, line):
+    """A spread of a unit wider than tall in a sum, product or complement, cut by a Diag:
+    periodic below the Diag's line (`structure_in`)."""
+    _check_guarantees(p * line)
 
 
 def test_a_wide_spread_below_a_diagonal_repeats():
