@@ -185,7 +185,7 @@ def _per_token_scheme(L: np.ndarray, n: int, padded: Scheme | None = None,
     where one fits the minimal cache, past `TABLE_LIMIT` the smaller of a padded ring and
     `padded` (a periodic padded scheme, where the column shapes gave one) within the padding
     allowed, else the table. `size`: the minimal cache where known (else from the table)."""
-    table = greedy_table(L)
+    table = greedy_table(L) if size is None else None      # built where needed only
     size = table.C if size is None else size
     ring = ring_from_last_use(L)
     if ring is not None and ring.C == size:
@@ -194,7 +194,8 @@ def _per_token_scheme(L: np.ndarray, n: int, padded: Scheme | None = None,
     closed = sorted((c for c in (padded, ring) if c is not None), key=scheme_size)
     if closed and n > TABLE_LIMIT and padding_ok(size, scheme_size(closed[0])):
         return closed[0], scheme_size(closed[0]), size, [_padded_note(closed[0].name, size, scheme_size(closed[0]), n)]
-    return table, size, None, [_table_note(size, scheme_size(closed[0]) if closed else None, n)]
+    note = _table_note(size, scheme_size(closed[0]) if closed else None, n)
+    return table if table is not None else greedy_table(L), size, None, [note]
 
 
 def _per_token_first(pattern: Pattern, n: int,
