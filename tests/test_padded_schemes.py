@@ -102,3 +102,8 @@ def test_a_close_padded_form_is_taken_without_the_last_uses(no_tables: None, mon
     a = analyze(p, n)
     assert a.closed_form and a.minimal_cache_size == brute_cache_size(mask) == n - 8 and a.cache_size == n
     decode_with_functions(a, mask)
+    # past the length limit of the read, too
+    monkeypatch.setattr(ANALYZE, "PAD_CLOSE_SLOTS", 4)
+    monkeypatch.setattr(ANALYZE, "PAD_READ_MAX_LEN", n - 1)
+    b = analyze(p, n)
+    assert b.closed_form and b.minimal_cache_size == n - 8 and b.cache_size == n

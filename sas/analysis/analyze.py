@@ -36,6 +36,10 @@ TABLE_LIMIT = 1 << 15
 #: the median (of about a million) for 0.2 s more each.
 PAD_CLOSE_FRACTION = 1024
 PAD_CLOSE_SLOTS = 4
+#: ... and past this max_len the periodic padded closed form is taken as it is too, so that the
+#: analysis of a pattern with a closed form keeps memory and time that follow its cache, not
+#: max_len (the read holds a few arrays of max_len entries: about 0.15 s and 100 MB at 2^20).
+PAD_READ_MAX_LEN = 1 << 20
 #: Column shapes estimated to need more runs than this (about a second of run algebra) are not
 #: built: the per-token search comes first (usually tenths of a second at 2^20), and the shapes
 #: only where it stops at its limit.
@@ -273,7 +277,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                     close = padded is not None and scheme_size(padded) - size <= max(size // PAD_CLOSE_FRACTION,
                                                                                      PAD_CLOSE_SLOTS)
                     if (padded is not None and padding_ok(size, scheme_size(padded))
-                            and (close or not _host_allows(user_pattern, n))):
+                            and (close or n > PAD_READ_MAX_LEN or not _host_allows(user_pattern, n))):
                         minimal, size = size, scheme_size(padded)
                         scheme = padded
                         notes.append(_padded_note(padded.name, minimal, size, n))
