@@ -19,11 +19,11 @@ from sas.analysis.liveness import cache_size as _cache_size
 from sas.analysis.per_token import last_use as per_token_last_use, non_causal_cell
 from sas.analysis.slots import (PAD_FRACTION, PAD_SLOTS, RingScheme, Scheme, TableScheme, cache_ids, choose_scheme,
                                 greedy_table, padded_scheme, padding_ok, ring_from_last_use, scheme_size)
-from sas.errors import AnalysisError, AnalysisLimitError, EmptyPatternError, KernelError
+from sas.errors import AnalysisError, AnalysisLimitError, EmptyPatternError
 from sas.ir.periodicity import NON_PERIODIC, Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
 from sas.lang.primitives import Causal
-from sas.limits import check_host_bytes
+from sas.limits import check_host_bytes, host_table_limit
 
 #: Up to this length a per-token table is preferred to a padded closed form (more slots than
 #: the minimal cache) for periodic patterns without a minimal closed form; beyond it the padded
@@ -54,13 +54,9 @@ def _check_table_bytes(pattern: Pattern, n: int) -> None:
                      "give a smaller max_len, or raise SAS_HOST_TABLE_LIMIT")
 
 
-def _host_allows(pattern: Pattern, n: int) -> bool:
-    """Whether the host may hold per-token arrays of max_len n (`_check_table_bytes`)."""
-    try:
-        _check_table_bytes(pattern, n)
-    except KernelError:
-        return False
-    return True
+def _host_allows(n: int) -> bool:
+    """Whether the host may hold per-token arrays of max_len n (what `_check_table_bytes` checks)."""
+    return TABLE_BYTES_PER_TOKEN * n <= host_table_limit()
 
 
 @dataclass(frozen=True, eq=False)
@@ -277,7 +273,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                     close = padded is not None and scheme_size(padded) - size <= max(size // PAD_CLOSE_FRACTION,
                                                                                      PAD_CLOSE_SLOTS)
                     if (padded is not None and padding_ok(size, scheme_size(padded))
-                            and (close or n > PAD_READ_MAX_LEN or not _host_allows(user_pattern, n))):
+                            and (close or n > PAD_READ_MAX_LEN or not _host_allows(n))):
                         minimal, size = size, scheme_size(padded)
                         scheme = padded
                         notes.append(_padded_note(padded.name, minimal, size, n))

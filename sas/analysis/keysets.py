@@ -152,10 +152,10 @@ def flag_keyset(flags: np.ndarray, max_terms: int = MAX_TERMS) -> KeySet | None:
             continue
         differ = np.flatnonzero(flags[:t0] != flags[period:t0 + period])
         T = int(differ[-1]) + 1 if len(differ) else 0
-        boundary = np.flatnonzero(flags[:T])
-        if len(boundary) > max_terms and int(boundary[-1] - boundary[0]) + 1 != len(boundary):
+        boundary = tuple(np.flatnonzero(flags[:T]).tolist())
+        if len(boundary) > max_terms and not _contiguous(boundary):
             continue
-        return KeySet(T, period, tuple(boundary.tolist()), tuple(np.flatnonzero(flags[T:T + period]).tolist()))
+        return KeySet(T, period, boundary, tuple(np.flatnonzero(flags[T:T + period]).tolist()))
     if n <= max_terms:                      # no full period past a boundary: all boundary keys
         return KeySet(n, 1, tuple(np.flatnonzero(flags).tolist()), ())
     return None
