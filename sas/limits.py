@@ -1,4 +1,5 @@
-"""Host-memory limits checked before sas allocates a table whose size follows the sequence length.
+"""Host limits: memory checked before sas allocates a table whose size follows the sequence
+length, and the threads its analysis may use.
 
 Most of what a plan holds grows with the KV-cache size, not with `max_len` (docs/architecture.md,
 "Sizes"). A few tables are per token or per tile and cannot be avoided: the region schedule of a
@@ -8,6 +9,11 @@ refuses it past the limit, never for length alone), and the prefill tile schedul
 `sas compile` writes for `max_len`. Each is estimated first and refused with a `KernelError`
 giving the numbers when it would exceed `host_table_limit()` bytes: 1 GiB unless the
 environment variable `SAS_HOST_TABLE_LIMIT` (bytes; K, M, G suffixes) says otherwise.
+
+The per-token analysis (`sas.analysis.per_token`) searches chunks of keys in threads (numpy
+releases the interpreter lock inside its array operations): `analysis_threads()`, the CPUs this
+process may run on (at most `MAX_ANALYSIS_THREADS`) unless `SAS_ANALYSIS_THREADS` says
+otherwise (1: one thread, as a process pinned to one core gets anyway).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import os
 import re
 
-from sas.errors import KernelError
+from sas.errors import AnalysisError, KernelError
 
+#: Most threads the analysis uses by default, whatever the CPU count.
+MAX_ANALYSIS_THREADS = 8
 #: Default largest host table, in bytes.
 DEFAULT_HOST_TABLE_LIMIT = 1 << 30
 
@@ -32,6 +40,18 @@ def host_table_limit() -> int:
     if not m:
         raise KernelError(f"SAS_HOST_TABLE_LIMIT must be a byte count such as 1073741824 or 1G, got {text!r}")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def analysis_threads() -> int:
+    """Threads the per-token analysis may use: `SAS_ANALYSIS_THREADS` (a positive integer) or
+    the CPUs this process may run on, at most `MAX_ANALYSIS_THREADS`."""
+    text = os.environ.get("SAS_ANALYSIS_THREADS", "").strip()
+    if not text:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(cpus, MAX_ANALYSIS_THREADS))
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise AnalysisError(f"SAS_ANALYSIS_THREADS must be a positive integer such as 1 or 4, got {text!r}")
+    return int(text)
 
 
 def format_bytes(n: int) -> str:
@@ -50,4 +70,5 @@ def check_host_bytes(what: str, nbytes: int, hint: str) -> None:
                           f"more than the limit of {format_bytes(limit)} (SAS_HOST_TABLE_LIMIT); {hint}")
 
 
-__all__ = ["DEFAULT_HOST_TABLE_LIMIT", "check_host_bytes", "format_bytes", "host_table_limit"]
+__all__ = ["DEFAULT_HOST_TABLE_LIMIT", "MAX_ANALYSIS_THREADS", "analysis_threads", "check_host_bytes", "format_bytes",
+           "host_table_limit"]

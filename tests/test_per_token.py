@@ -6,6 +6,7 @@ analysed into a valid table (no refusal for length, only for memory)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -22,6 +23,7 @@ from sas.ir import line_last
 from sas.plan import causal_within
 from sas.ir.line_runs import COLUMN, line_runs
 from sas.ir.periodicity import NON_PERIODIC, structure
+from sas.limits import MAX_ANALYSIS_THREADS, analysis_threads
 
 ANALYZE = sys.modules["sas.analysis.analyze"]
 
@@ -50,17 +52,21 @@ def tiny_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 #: first, runs allowed per key along the last rows, runs allowed per column over all rows, runs
 #: allowed on top of those, growth of the windows, terms of a sum searched apart, windows of
 #: rows, steps of the last-cell query (0: not asked), runs a column after which the next chunks
-#: ask the last cells first (0: always after the first chunk)); limits of 0 or 1 make those steps fail
-#: (or pass only when nothing or almost nothing is attended)
+#: ask the last cells first (0: always after the first chunk), threads); limits of 0 or 1 make those
+#: steps fail (or pass only when nothing or almost nothing is attended)
 SEARCH_STEPS = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([0, 0.5, 4]),
                          st.sampled_from([0, 1, 8]), st.sampled_from([0, 1, 2, 1 << 16]), st.sampled_from([2, 3, 8]),
-                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 48]), st.sampled_from([0, 1, 4]))
+                         st.booleans(), st.booleans(), st.sampled_from([0, 1, 2, 48]), st.sampled_from([0, 1, 4]),
+                         st.sampled_from([1, 2, 5]))
 
 
 def _last_use_with(q, n: int, steps) -> np.ndarray:
     (rows_first, dense, whole_first, per_key, per_column, runs_min, growth, distribute, row_windows, rounds,
-     cells_first) = steps
+     cells_first, threads) = steps
     with pytest.MonkeyPatch.context() as mp:
+        # threads: step 1 by ranges of at least 6 keys, steps 2 and 3 by runs of 7-key chunks
+        mp.setattr(per_token, "analysis_threads", lambda: threads)
+        mp.setattr(per_token, "THREADED_KEYS", 6)
         mp.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", cells_first)
         mp.setattr(per_token, "LAST_CELLS", rounds > 0)
         mp.setattr(line_last, "ROUNDS", max(rounds, 1))
@@ -260,10 +266,50 @@ def test_a_padded_ring_past_the_table_length(monkeypatch: pytest.MonkeyPatch) ->
     assert a.cache_ids().max() < a.cache_size
 
 
-def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(per_token, "TOTAL_RUNS", 10)
-    with pytest.raises(AnalysisError, match=r"more than 10 runs .*runs limit"):
+@pytest.mark.parametrize("threads, limit", [(1, 10), (4, 10), (4, 2000)])
+def test_the_runs_limit_names_the_numbers(monkeypatch: pytest.MonkeyPatch, threads: int, limit: int) -> None:
+    # 2000 of its 2730 runs: past the first chunk (264), in the threads (their counts add up)
+    monkeypatch.setattr(per_token, "analysis_threads", lambda: threads)
+    monkeypatch.setattr(per_token, "CHUNK", 256)
+    monkeypatch.setattr(per_token, "TOTAL_RUNS", limit)
+    with pytest.raises(AnalysisError, match=rf"more than {limit} runs .*runs limit"):
         per_token.last_use(DRIFTING[1], 4096)
+
+
+def test_analysis_threads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAS_ANALYSIS_THREADS", raising=False)
+    assert 1 <= analysis_threads() <= MAX_ANALYSIS_THREADS
+    monkeypatch.setenv("SAS_ANALYSIS_THREADS", " 3 ")
+    assert analysis_threads() == 3
+    monkeypatch.setattr(per_token, "CHUNK", 512)
+    p = DRIFTING[0].restrict(4096)
+    np.testing.assert_array_equal(per_token.last_use(p, 4096), brute_last_use(p.to_mask(4096)))
+    for bad in ["0", "two", "-1", "1.5"]:
+        monkeypatch.setenv("SAS_ANALYSIS_THREADS", bad)
+        with pytest.raises(AnalysisError, match=r"SAS_ANALYSIS_THREADS must be a positive integer .*" + re.escape(repr(bad))):
+            per_token.last_use(p, 4096)
+
+
+def test_a_failing_thread_stops_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 15 chunks after the first in two runs (keys 256-2303, 2304-4095); the second run's fail at
+    # once: its error reaches the caller once every thread has stopped (the first run, if still
+    # searching, stops at its next count)
+    chunk, started = per_token._chunk, []
+
+    def failing(pattern, c0, c1, *rest):
+        started.append(c0)
+        if c0 >= 2304:
+            raise AnalysisError(f"chunk {c0} failed")
+        return chunk(pattern, c0, c1, *rest)
+
+    monkeypatch.setattr(per_token, "analysis_threads", lambda: 2)
+    monkeypatch.setattr(per_token, "CHUNK", 256)
+    monkeypatch.setattr(per_token, "_chunk", failing)
+    with pytest.raises(AnalysisError, match="chunk 2304 failed"):
+        per_token.last_use(DRIFTING[1], 4096)
+    assert 2304 in started and max(started) == 2304      # nothing after the second run's first chunk
+    assert per_token._split([(0, 1)] * 5, 2) == [[(0, 1)] * 3, [(0, 1)] * 2]
+    assert per_token._split([(0, 1)], 8) == [[(0, 1)]] and per_token._split([], 3) == []
 
 
 @pytest.mark.parametrize("stride", [64, 1024])
@@ -420,6 +466,7 @@ def test_timed_chunks_keep_the_faster_way(cost: dict[str, int], want: list[str],
     monkeypatch.setattr(per_token, "_whole", step("whole", per_token._whole))
     monkeypatch.setattr(per_token, "last_cells", step("cells", per_token.last_cells))
     monkeypatch.setattr(per_token, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(per_token, "analysis_threads", lambda: 1)    # one run of chunks: the way goes on
     monkeypatch.setattr(per_token, "CHUNK", 512)
     monkeypatch.setattr(per_token, "CELLS_FIRST_RUNS_PER_COLUMN", 6)
     monkeypatch.setattr(per_token, "TIMED_COLUMNS", 512)

@@ -48,8 +48,12 @@ stops with an `AnalysisLimitError` naming the numbers.
 
 from __future__ import annotations
 
+import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -57,6 +61,7 @@ from sas.errors import AnalysisLimitError
 from sas.ir.envelope import attended_extent
 from sas.ir.line_last import last_cells
 from sas.ir.line_runs import COLUMN, ROW, Runs, line_runs
+from sas.limits import analysis_threads
 from sas.lang.pattern import And, Or, Pattern
 
 _I64 = np.int64
@@ -107,6 +112,12 @@ LAST_CELLS = True
 CELLS_FIRST_RUNS_PER_COLUMN = 4
 CELLS_FIRST_SECONDS_PER_COLUMN = 0.5e-6
 TIMED_COLUMNS = 1 << 14
+#: Step 1 reads ranges of at least this many keys in threads (`sas.limits.analysis_threads`);
+#: steps 2 and 3 take runs of neighbouring chunks (`CHUNK` keys) in threads.
+THREADED_KEYS = 1 << 17
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _runs(pattern: Pattern, j: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, Runs]]:
@@ -146,52 +157,81 @@ def _last_rows(pattern: Pattern, end: int, out: np.ndarray,
     """Step 1: the last uses within the last `FIRST_WINDOW` rows below `end`, read along those
     rows (all keys at once) when they hold few runs: raises `out[j]` to the last of those rows
     attending key j; returns the first of those rows and which keys they attend (None past
-    the limit)."""
+    the limit). From `THREADED_KEYS` keys on, ranges of keys in threads (`analysis_threads`),
+    each with its share of the runs limit."""
     n = len(out)
     top = max(0, end - FIRST_WINDOW)
     rows = np.arange(top, end, dtype=_I64)
     hit = np.zeros(n, dtype=bool)
+    limit = min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS)
+    parts = max(1, min(analysis_threads(), end // THREADED_KEYS))
+    cuts = [end * p // parts for p in range(parts + 1)]
+
+    def part(k: int) -> bool:
+        k0, k1 = cuts[k], cuts[k + 1]
+        return _last_rows_in(pattern, rows, k0, k1, out, hit, count, limit * (k1 - k0) // end + WHOLE_RUNS_MIN)
+
+    return (top, hit) if all(_threaded(part, list(range(parts)))) else None
+
+
+def _last_rows_in(pattern: Pattern, rows: np.ndarray, k0: int, k1: int, out: np.ndarray, hit: np.ndarray,
+                  count: Callable[[int], None], limit: int) -> bool:
+    """`_last_rows` for the keys [k0, k1) (writing only theirs); False past `limit` runs."""
     try:
-        r = line_runs(pattern, ROW, rows, np.zeros(len(rows), dtype=_I64), rows + 1,
-                      limit=min(int(ROW_RUNS_PER_KEY * n), CHUNK_RUNS) + WHOLE_RUNS_MIN)
+        r = line_runs(pattern, ROW, rows, np.full(len(rows), k0, dtype=_I64), np.clip(rows + 1, k0, k1),
+                      limit=limit)
     except AnalysisLimitError:
         if not DENSE_LAST_ROWS:
-            return None
+            return False
         # many runs in those rows: cell by cell is cheaper than the run algebra
         cells = pattern._index_safe
         i = rows[:, None]
-        for c0 in range(0, end, DENSE_COLUMNS):
-            j = np.arange(c0, min(end, c0 + DENSE_COLUMNS), dtype=_I64)
+        for c0 in range(k0, k1, DENSE_COLUMNS):
+            j = np.arange(c0, min(k1, c0 + DENSE_COLUMNS), dtype=_I64)
             on = np.asarray(cells.evaluate(i, j[None, :]), dtype=bool) & (i >= j[None, :])
             has = on.any(axis=0)
             k = j[has]
             out[k] = np.maximum(out[k], rows[len(rows) - 1 - np.argmax(on[::-1], axis=0)][has])
             hit[k] = True
-        return top, hit
+        return True
     count(len(r))
     # The runs of one row are disjoint: summing 2^k over the runs of row k that cover a key
     # gives the set of rows attending it as bits, exactly in float64 for up to 52 rows a pass;
     # its highest bit is the last use.
-    ptr = r.ptr
+    ptr, width = r.ptr, k1 - k0
     for g1 in range(len(rows), 0, -52):             # the last rows first
         g0 = max(0, g1 - 52)
         a, b = ptr[g0], ptr[g1]
         if a == b:
             continue
         bit = np.ldexp(1.0, (r.line[a:b] - g0).astype(np.int32))
-        rows_on = np.cumsum((np.bincount(r.start[a:b], bit, minlength=n + 1)
-                             - np.bincount(r.stop[a:b], bit, minlength=n + 1))[:n])
-        k = np.flatnonzero((rows_on > 0) & ~hit)
-        out[k] = np.maximum(out[k], rows[g0 + np.frexp(rows_on[k])[1] - 1])
+        rows_on = np.cumsum((np.bincount(r.start[a:b] - k0, bit, minlength=width + 1)
+                             - np.bincount(r.stop[a:b] - k0, bit, minlength=width + 1))[:width])
+        k = k0 + np.flatnonzero((rows_on > 0) & ~hit[k0:k1])
+        out[k] = np.maximum(out[k], rows[g0 + np.frexp(rows_on[k - k0])[1] - 1])
         hit[k] = True
-    return top, hit
+    return True
+
+
+def _threaded(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """`[fn(x) for x in items]`, each item in its own thread when there are several (the
+    first error raised again once all have stopped)."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(len(items), thread_name_prefix="sas-analysis") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    errors = [e for e in (f.exception() for f in futures) if e is not None and not isinstance(e, _Stopped)]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: np.ndarray,
-                 count: Callable[[int], None]) -> tuple[int, int]:
+                 count: Callable[[int], None], lock: threading.Lock) -> tuple[int, int]:
     """Windows of rows going back from `end` (each `GROWTH` times the last), read along the
     rows while each holds few runs (`ROW_RUNS_PER_KEY` times n): every key they attend (above
-    its `base`) is settled. Returns the end and width of the next window (for the columns)."""
+    its `base`) is settled (written under `lock`). Returns the end and width of the next
+    window (for the columns)."""
     n = len(out)
     while end > 0 and bool((base < end).any()):
         top = max(0, end - width)
@@ -204,9 +244,10 @@ def _row_windows(pattern: Pattern, end: int, width: int, out: np.ndarray, base: 
         count(len(r))
         if len(r):
             last = range_max(n, r.start, r.stop, rows[r.line])
-            key = np.flatnonzero((last >= 0) & (base < end))     # attended here, not settled yet
-            out[key] = np.maximum(out[key], last[key])
-            base[key] = n
+            with lock:
+                key = np.flatnonzero((last >= 0) & (base < end))     # attended here, not settled yet
+                out[key] = np.maximum(out[key], last[key])
+                base[key] = n
         end, width = top, GROWTH * width
     return end, width
 
@@ -267,11 +308,14 @@ def last_use(pattern: Pattern, n: int) -> np.ndarray:
 def _last_use_below(pattern: Pattern, n: int) -> np.ndarray:
     """`last_use` over rows and keys below n."""
     read = 0
+    lock = threading.Lock()             # the threads of a search count together
 
     def count(k: int) -> None:
         nonlocal read
-        read += k
-        if read > TOTAL_RUNS:
+        with lock:
+            read += k
+            over = read > TOTAL_RUNS
+        if over:
             raise AnalysisLimitError(
                 f"analyze: the last uses of the keys of {pattern!r} up to max_len={n} need more than "
                 f"{TOTAL_RUNS} runs of attended cells (the runs limit of the per-token analysis: its "
@@ -292,11 +336,41 @@ def _last_use_below(pattern: Pattern, n: int) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Path:
+    """The path choices a run of chunks carries from one chunk to the next (each thread its
+    own copy): step 2 before the first window, the last cells before step 2, and the seconds
+    a column of the last timed chunk by `cells_first`."""
+
+    whole_first: bool = WHOLE_FIRST
+    cells_first: bool = False
+    seconds: dict[bool, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Rows:
+    """What the chunks of one search share: the rows left below `end` (and the next window's
+    `width`) once the row windows ran, whether one chunk has started them (`started`) and
+    finished them (`done`), and the lock every write to `out` and `base` takes."""
+
+    end: int
+    width: int
+    started: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.ndarray, base: np.ndarray,
             windows: bool) -> int:
     """Raise out[j] to the last row i in [base[j], end) where `pattern` attends key j (the
     three steps of the module doc; `windows=False`: steps 1 and 2 only). Sets base[j] past
-    every row for the keys it settles; returns the end of the rows left to search."""
+    every row for the keys it settles; returns the end of the rows left to search.
+
+    The first chunk of columns is searched first; the chunks after it in up to
+    `analysis_threads()` threads, each taking a run of neighbouring chunks in order. A chunk
+    settles only its own keys; the row windows (all keys) run once, in the first chunk to
+    need them, while the others wait for them; writes to `out` and `base` take a lock and only
+    raise `out` (a maximum of attended rows), so the answer never depends on the order."""
     n = len(out)
     width = FIRST_WINDOW
     if ROWS_FIRST and bool((base < end).any()):
@@ -306,72 +380,130 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
             end, hit = got
             base[hit] = n
             width = GROWTH * FIRST_WINDOW
-    rowed = not (windows and ROW_WINDOWS and width > FIRST_WINDOW)   # row windows: once, if step 1 read rows
-    whole_first = WHOLE_FIRST
-    cells_first = False
-    seconds: dict[bool, float] = {}         # seconds a column of a timed chunk, by cells_first
+    row_windows = windows and ROW_WINDOWS and width > FIRST_WINDOW      # once, if step 1 read rows
+    rows = _Rows(end, width, started=not row_windows)
+    if not row_windows:
+        rows.done.set()
     first_chunk = min(FIRST_CHUNK, CHUNK)
-    for c0 in [0, *range(first_chunk, n, CHUNK)]:
-        todo = np.arange(c0, min(n, c0 + (first_chunk if c0 == 0 else CHUNK)), dtype=_I64)
-        columns, path, started = len(todo), cells_first, perf_counter()
-        hi, w = end, width
-        failed = len(todo) + 1              # columns of the last attempt at all rows that failed
-        first = True
-        queried = False                     # the last-cell query asked for this chunk
-        while True:
-            todo = todo[base[todo] < hi]         # no row left to search below the window's end
-            if not len(todo):
-                break
-            whole = len(todo) < failed and (whole_first or not first)
-            if LAST_CELLS and not queried and (cells_first or not whole):
-                # the last attended row of each column left, from the tree (no runs built): a
-                # column of many runs (a drifting spread cut by a lattice) is settled here
-                queried = True
-                last, known = last_cells(pattern, COLUMN, todo, base[todo], np.full(len(todo), hi, dtype=_I64))
-                settled = todo[known]
+    bounds = [(c0, min(n, c0 + CHUNK)) for c0 in range(first_chunk, n, CHUNK)]
+    path = _Path()
+    _chunk(pattern, 0, min(n, first_chunk), count, out, base, windows, rows, path)
+    runs = _split(bounds, analysis_threads())
+    if len(runs) <= 1:
+        for c0, c1 in bounds:
+            _chunk(pattern, c0, c1, count, out, base, windows, rows, path)
+        return rows.end
+    stop = threading.Event()
+
+    def counted(k: int) -> None:
+        if stop.is_set():
+            raise _Stopped()
+        count(k)
+
+    def run(chunks: list[tuple[int, int]]) -> None:
+        mine = copy.deepcopy(path)
+        try:
+            for c0, c1 in chunks:
+                _chunk(pattern, c0, c1, counted, out, base, windows, rows, mine)
+        except BaseException:
+            stop.set()
+            raise
+
+    _threaded(run, runs)
+    return rows.end
+
+
+class _Stopped(Exception):
+    """A thread's search stopped because another one failed (never seen by the caller)."""
+
+
+def _split(bounds: list[tuple[int, int]], threads: int) -> list[list[tuple[int, int]]]:
+    """The chunks in at most `threads` runs of neighbours, as even as their count allows."""
+    k = min(threads, len(bounds))
+    if k <= 0:
+        return []
+    q, r = divmod(len(bounds), k)
+    cuts = [i * q + min(i, r) for i in range(k + 1)]
+    return [bounds[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _chunk(pattern: Pattern, c0: int, c1: int, count: Callable[[int], None], out: np.ndarray,
+           base: np.ndarray, windows: bool, rows: _Rows, path: _Path) -> None:
+    """The keys [c0, c1) by steps 2 and 3 (module doc), choosing the path by `path` and
+    updating it."""
+    n = len(out)
+    todo = np.arange(c0, c1, dtype=_I64)
+    columns, cells_first, started = len(todo), path.cells_first, perf_counter()
+    hi, w = rows.end, rows.width
+    rowed = rows.done.is_set()
+    failed = len(todo) + 1              # columns of the last attempt at all rows that failed
+    first = True
+    queried = False                     # the last-cell query asked for this chunk
+    while True:
+        todo = todo[base[todo] < hi]         # no row left to search below the window's end
+        if not len(todo):
+            break
+        whole = len(todo) < failed and (path.whole_first or not first)
+        if LAST_CELLS and not queried and (cells_first or not whole):
+            # the last attended row of each column left, from the tree (no runs built): a
+            # column of many runs (a drifting spread cut by a lattice) is settled here
+            queried = True
+            last, known = last_cells(pattern, COLUMN, todo, base[todo], np.full(len(todo), hi, dtype=_I64))
+            settled = todo[known]
+            with rows.lock:
                 out[settled] = np.maximum(out[settled], last[known])
                 base[settled] = n
-                continue
-            if whole:
-                # all the rows of the columns left at once, when they hold few runs (columns
-                # attended only near their key, or not at all), else on by windows
-                r = _whole(pattern, todo, base[todo], hi)
-                if first:
-                    whole_first = r is not None
-                if r is not None:
-                    count(len(r))
+            continue
+        if whole:
+            # all the rows of the columns left at once, when they hold few runs (columns
+            # attended only near their key, or not at all), else on by windows
+            r = _whole(pattern, todo, base[todo], hi)
+            if first:
+                path.whole_first = r is not None
+            if r is not None:
+                count(len(r))
+                with rows.lock:
                     _record(out, todo, r)
                     base[todo] = n
-                    # many runs a column: the next chunks ask the last cells first
-                    cells_first = len(r) >= CELLS_FIRST_RUNS_PER_COLUMN * len(todo)
-                    break
-                failed = len(todo)
-                continue
-            if not windows:
+                # many runs a column: the next chunks ask the last cells first
+                path.cells_first = len(r) >= CELLS_FIRST_RUNS_PER_COLUMN * len(todo)
                 break
-            if not rowed:
-                # before the first window of columns: windows of rows for all the keys left
-                rowed = True
-                end, width = _row_windows(pattern, end, width, out, base, count)
-                hi, w = end, width
-                continue
-            first = False
-            lo = np.maximum(base[todo], hi - w)
-            found = np.zeros(len(todo), dtype=bool)
-            pos = 0
-            for cols, r in _runs(pattern, todo, lo, np.full(len(todo), hi, dtype=_I64)):
-                count(len(r))
+            failed = len(todo)
+            continue
+        if not windows:
+            break
+        if not rowed:
+            # before the first window of columns: windows of rows for all the keys left, run
+            # by the first chunk here (the others wait for them)
+            rowed = True
+            with rows.lock:
+                mine, rows.started = not rows.started, True
+            if mine:
+                try:
+                    rows.end, rows.width = _row_windows(pattern, rows.end, rows.width, out, base, count, rows.lock)
+                finally:
+                    rows.done.set()
+            else:
+                rows.done.wait()
+            hi, w = rows.end, rows.width
+            continue
+        first = False
+        lo = np.maximum(base[todo], hi - w)
+        found = np.zeros(len(todo), dtype=bool)
+        pos = 0
+        for cols, r in _runs(pattern, todo, lo, np.full(len(todo), hi, dtype=_I64)):
+            count(len(r))
+            with rows.lock:
                 found[pos:pos + len(cols)] = _record(out, cols, r)
-                pos += len(cols)
-            todo = todo[~found & (lo > base[todo])]
-            hi, w = hi - w, GROWTH * w
-        if columns >= TIMED_COLUMNS:
-            seconds[path] = (perf_counter() - started) / columns
-            if len(seconds) == 2:           # both paths timed: the faster
-                cells_first = seconds[True] < seconds[False]
-            elif seconds.get(False, 0.0) >= CELLS_FIRST_SECONDS_PER_COLUMN:
-                cells_first = True          # a slow chunk of runs: try the last cells first
-    return end
+            pos += len(cols)
+        todo = todo[~found & (lo > base[todo])]
+        hi, w = hi - w, GROWTH * w
+    if columns >= TIMED_COLUMNS:
+        path.seconds[cells_first] = (perf_counter() - started) / columns
+        if len(path.seconds) == 2:           # both paths timed: the faster
+            path.cells_first = path.seconds[True] < path.seconds[False]
+        elif path.seconds.get(False, 0.0) >= CELLS_FIRST_SECONDS_PER_COLUMN:
+            path.cells_first = True          # a slow chunk of runs: try the last cells first
 
 
 def non_causal_cell(pattern: Pattern, n: int) -> tuple[int, int] | None:
