@@ -291,9 +291,10 @@ def test_analysis_threads_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_failing_thread_stops_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 15 chunks after the first in two runs (keys 256-2303, 2304-4095); the second run's fail at
-    # once: its error reaches the caller once every thread has stopped (the first run, if still
-    # searching, stops at its next count)
+    # 15 chunks after the first (keys 256-4095), taken in order by two threads as each is free;
+    # those from key 2304 on fail: the first of them to fail reaches the caller once every thread
+    # has stopped, and no thread takes a chunk after one failed (one still searching stops at
+    # its next count)
     chunk, started = per_token._chunk, []
 
     def failing(pattern, c0, c1, *rest):
@@ -305,11 +306,10 @@ def test_a_failing_thread_stops_the_others(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(per_token, "analysis_threads", lambda: 2)
     monkeypatch.setattr(per_token, "CHUNK", 256)
     monkeypatch.setattr(per_token, "_chunk", failing)
-    with pytest.raises(AnalysisError, match="chunk 2304 failed"):
+    with pytest.raises(AnalysisError, match="chunk (2304|2560) failed"):
         per_token.last_use(DRIFTING[1], 4096)
-    assert 2304 in started and max(started) == 2304      # nothing after the second run's first chunk
-    assert per_token._split([(0, 1)] * 5, 2) == [[(0, 1)] * 3, [(0, 1)] * 2]
-    assert per_token._split([(0, 1)], 8) == [[(0, 1)]] and per_token._split([], 3) == []
+    assert sorted(started)[:9] == list(range(0, 2304, 256))         # every chunk before it
+    assert 2304 in started and max(started) <= 2560                  # at most one more started
 
 
 @pytest.mark.parametrize("stride", [64, 1024])

@@ -113,7 +113,7 @@ CELLS_FIRST_RUNS_PER_COLUMN = 4
 CELLS_FIRST_SECONDS_PER_COLUMN = 0.5e-6
 TIMED_COLUMNS = 1 << 14
 #: Step 1 reads ranges of at least this many keys in threads (`sas.limits.analysis_threads`);
-#: steps 2 and 3 take runs of neighbouring chunks (`CHUNK` keys) in threads.
+#: steps 2 and 3 take chunks (`CHUNK` keys) in threads, each the next one when it is free.
 THREADED_KEYS = 1 << 17
 
 T = TypeVar("T")
@@ -338,8 +338,8 @@ def _last_use_below(pattern: Pattern, n: int) -> np.ndarray:
 
 @dataclass
 class _Path:
-    """The path choices a run of chunks carries from one chunk to the next (each thread its
-    own copy): step 2 before the first window, the last cells before step 2, and the seconds
+    """The path choices carried from one chunk to the next (each thread its own copy, from
+    the first chunk's): step 2 before the first window, the last cells before step 2, and the seconds
     a column of the last timed chunk by `cells_first`."""
 
     whole_first: bool = WHOLE_FIRST
@@ -367,7 +367,7 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
     every row for the keys it settles; returns the end of the rows left to search.
 
     The first chunk of columns is searched first; the chunks after it in up to
-    `analysis_threads()` threads, each taking a run of neighbouring chunks in order. A chunk
+    `analysis_threads()` threads, each taking the next chunk (in order) when it is free. A chunk
     settles only its own keys; the row windows (all keys) run once, in the first chunk to
     need them, while the others wait for them; writes to `out` and `base` take a lock and only
     raise `out` (a maximum of attended rows), so the answer never depends on the order."""
@@ -388,43 +388,37 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
     bounds = [(c0, min(n, c0 + CHUNK)) for c0 in range(first_chunk, n, CHUNK)]
     path = _Path()
     _chunk(pattern, 0, min(n, first_chunk), count, out, base, windows, rows, path)
-    runs = _split(bounds, analysis_threads())
-    if len(runs) <= 1:
+    threads = min(analysis_threads(), len(bounds))
+    if threads <= 1:
         for c0, c1 in bounds:
             _chunk(pattern, c0, c1, count, out, base, windows, rows, path)
         return rows.end
-    stop = threading.Event()
+    pending, take, stop = iter(bounds), threading.Lock(), threading.Event()
 
     def counted(k: int) -> None:
         if stop.is_set():
             raise _Stopped()
         count(k)
 
-    def run(chunks: list[tuple[int, int]]) -> None:
+    def run(_: int) -> None:
         mine = copy.deepcopy(path)
         try:
-            for c0, c1 in chunks:
-                _chunk(pattern, c0, c1, counted, out, base, windows, rows, mine)
+            while not stop.is_set():
+                with take:
+                    chunk = next(pending, None)
+                if chunk is None:
+                    return
+                _chunk(pattern, *chunk, counted, out, base, windows, rows, mine)
         except BaseException:
             stop.set()
             raise
 
-    _threaded(run, runs)
+    _threaded(run, list(range(threads)))
     return rows.end
 
 
 class _Stopped(Exception):
     """A thread's search stopped because another one failed (never seen by the caller)."""
-
-
-def _split(bounds: list[tuple[int, int]], threads: int) -> list[list[tuple[int, int]]]:
-    """The chunks in at most `threads` runs of neighbours, as even as their count allows."""
-    k = min(threads, len(bounds))
-    if k <= 0:
-        return []
-    q, r = divmod(len(bounds), k)
-    cuts = [i * q + min(i, r) for i in range(k + 1)]
-    return [bounds[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 def _chunk(pattern: Pattern, c0: int, c1: int, count: Callable[[int], None], out: np.ndarray,
