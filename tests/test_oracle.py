@@ -283,6 +283,21 @@ def test_to_mask_equals_cell_interpreter(p, n):
     np.testing.assert_array_equal(p.to_mask(n), _interpreted(p, n))
 
 
+@settings(max_examples=200, deadline=None)
+@given(offset=st.integers(-30, 30), size=st.one_of(st.none(), st.integers(1, 40)), stride=st.integers(1, 9),
+       r0=st.integers(0, 60), k0=st.integers(0, 60), h=st.integers(1, 30), w=st.integers(1, 30))
+def test_diag_on_thin_operands_equals_the_grid(offset, size, stride, r0, k0, h, w):
+    # a column of rows against a row of keys compares the operands (the stride as residues);
+    # the same cells as full arrays go through i - j, and both equal the per-cell definition
+    d = Diag(offset, size, stride=stride)
+    rows, keys = range(r0, r0 + h), range(k0, k0 + w)
+    i, j = np.array(rows, dtype=np.int64)[:, None], np.array(keys, dtype=np.int64)[None, :]
+    want = np.array([[cell(d, a, b) for b in keys] for a in rows], dtype=bool)
+    np.testing.assert_array_equal(d.evaluate(i, j), want)
+    np.testing.assert_array_equal(d.evaluate(*np.broadcast_arrays(i, j)), want)
+    np.testing.assert_array_equal(d.evaluate(i.T, j.T), want.T)         # a row of rows, a column of keys
+
+
 @SETTINGS
 @given(p=causal_patterns(), n=st.integers(1, 24))
 def test_causal_patterns_are_causal(p, n):

@@ -123,6 +123,16 @@ class Diag(Pattern):
     def evaluate(self, i, j):
         if not self._params_within(MAX_INDEX):
             return self._index_safe.evaluate(i, j)
+        if np.size(i) + np.size(j) < np.broadcast(i, j).size:
+            # a column of rows against a row of keys: each test compares the two operands (the
+            # stride's as their residues) without the grid of i - j
+            a = i - self.offset
+            m = a >= j
+            if self.size is not None:
+                m &= a - self.size < j
+            if self.stride > 1:
+                m &= np.remainder(i, self.stride) == np.remainder(j + self.offset, self.stride)
+            return m
         d = i - j - self.offset
         m = d >= 0
         if self.size is not None:
