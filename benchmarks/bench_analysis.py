@@ -1,8 +1,9 @@
-"""Analysis time of the six paper Table-1 patterns at 16K, 128K and 1M tokens (one CPU core),
-and of compositions a user writes next.
+"""Analysis time of the six paper Table-1 patterns at 16K, 128K and 1M tokens, and of
+compositions a user writes next.
 
 Run: `python benchmarks/bench_analysis.py [--markdown]` (the Makefile pins one core with taskset
-where available). Prints cache size, slot scheme and the median wall time of `sas.analyze`
+where available; unpinned, the per-token analysis uses `sas.limits.analysis_threads()` threads,
+which the output names). Prints cache size, slot scheme and the median wall time of `sas.analyze`
 over a few repeats; never asserted anywhere.
 
 `--random N [--random-max-len L]`: N random compositions of the primitives (windows, strided
@@ -40,6 +41,7 @@ from sas.errors import AnalysisError  # noqa: E402
 from sas.ir.emptiness import provably_empty  # noqa: E402
 from sas.ir.periodicity import structure  # noqa: E402
 from sas.lang.pattern import Pattern  # noqa: E402
+from sas.limits import analysis_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["streaming_llm", "block_local", "sliding_window", "openai_strided", "openai_fixed",
@@ -165,13 +167,19 @@ def deep_compositions(first: int, count: int, n: int, markdown: bool) -> None:
     _summary(results, f"deep compositions (#{first}..#{first + count - 1})", n, markdown)
 
 
+def _machine() -> str:
+    """The processor, Python and the analysis's threads (one on a process pinned to one core)."""
+    threads = analysis_threads()
+    return (f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+            f"{threads} analysis thread{'s' if threads > 1 else ''}")
+
+
 def _summary(results: list[tuple[str, float, str, str]], what: str, n: int, markdown: bool) -> None:
     times = sorted(r[1] for r in results)
     p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(0.99 * len(times)))]
     counts = Counter(r[0] for r in results)
     slowest = max(results, key=lambda r: r[1])
-    print(f"{len(results)} {what} at max_len {n}, measured {date.today()} on "
-          f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, one core\n")
+    print(f"{len(results)} {what} at max_len {n}, measured {date.today()} on {_machine()}\n")
     print("| outcome | count |\n|---|---:|" if markdown else "outcome: count")
     for kind, c in sorted(counts.items(), key=lambda kv: -kv[1]):
         print(f"| {kind} | {c} |" if markdown else f"  {kind}: {c}")
@@ -253,8 +261,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             rows.append((name, n, a.cache_size, a.scheme, a.closed_form, statistics.median(times)))
     if args.markdown:
-        print(f"Measured {date.today()} on {platform.processor() or platform.machine()}, "
-              f"Python {platform.python_version()}, one core.\n")
+        print(f"Measured {date.today()} on {_machine()}.\n")
         print("| pattern | max_len | cache size | scheme | closed form | analyze (ms) |")
         print("|---|---|---|---|---|---|")
         for r in rows:
