@@ -14,6 +14,7 @@ from strategies import causal_patterns, patterns
 from analysis_checks import DenseColumns, brute_last_use, dense_upper_triangle
 from sas import Causal, Diag, Rect, analyze
 from sas.errors import AnalysisError
+import sas.analysis.columns as columns_module
 from sas.analysis.columns import column_shapes, upper_triangle_clear
 import sas.ir.line_runs as line_runs_module
 from sas.ir.emptiness import merge_diags
@@ -97,11 +98,14 @@ def _check_shapes(p) -> None:
 
 
 @settings(max_examples=120, deadline=None)
-@given(causal_patterns(max_depth=4))
-def test_column_shapes_answer_like_dense_evaluation(p) -> None:
+@given(causal_patterns(max_depth=4), st.sampled_from([1 << 18, 16]))
+def test_column_shapes_answer_like_dense_evaluation(p, chunk_runs: int) -> None:
+    # chunk_runs 16: shapes of more than 16 cells in passes of about 16 runs
     q = p.restrict(1 << 20)
     assume(_periodic_causal(q))
-    _check_shapes(q)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(columns_module, "CHUNK_RUNS", chunk_runs)
+        _check_shapes(q)
 
 
 @settings(max_examples=60, deadline=None)
@@ -281,6 +285,36 @@ def test_strided_diagonals_of_different_residues_build_no_runs():
     assert len(line_runs(p, COLUMN, j, j, np.full(n, n), limit=1)) == 0      # 1 run allowed: none built
     with pytest.raises(AnalysisError, match="empty"):
         analyze((Rect(size=(1, 4)) >> p) * Causal(), 1 << 16)
+
+
+def test_column_shapes_in_passes_of_about_chunk_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # passes sized from a sample so that each builds about CHUNK_RUNS runs: the same shapes as
+    # in one pass, in passes of equal counts of shapes whose runs stay near the target
+    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
+    st = structure(p).within(4096)
+    whole = column_shapes(p, st)
+    passes = []
+    real = columns_module.line_runs
+
+    def counted(*args, **kwargs):
+        r = real(*args, **kwargs)
+        passes.append((len(args[2]), len(r)))
+        return r
+
+    monkeypatch.setattr(columns_module, "line_runs", counted)
+    monkeypatch.setattr(columns_module, "CHUNK_RUNS", 40)
+    got = column_shapes(p, st)
+    for name in ("ptr", "start", "stop", "D"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(whole, name))
+    sample, rest = passes[0], passes[1:]
+    assert sample[0] <= columns_module.ESTIMATE_LINES and len(rest) > 2
+    assert len({lines for lines, _ in rest[:-1]}) == 1 and rest[-1][0] <= rest[0][0]
+    assert sum(lines for lines, _ in rest) == len(whole.ptr) - 1
+    assert max(runs for _, runs in rest) <= 4 * 40
+    passes.clear()
+    monkeypatch.setattr(columns_module, "CHUNK_RUNS", 1 << 30)       # more than all the cells: one pass
+    column_shapes(p, st)
+    assert passes == [(len(whole.ptr) - 1, len(whole.start))]
 
 
 def test_column_shapes_stop_early_on_an_estimate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,8 +30,13 @@ from sas.lang.pattern import Pattern
 
 #: Most column shapes (boundary keys plus interior classes, T + P) or rows the analysis reads.
 SHAPE_LIMIT = 1 << 22
-#: Column shapes derived per pass of the run algebra.
+#: Column shapes derived per pass of the run algebra: at most `CHUNK_LINES`, and about
+#: `CHUNK_RUNS` runs a pass when the shapes hold more than that many cells (estimated from
+#: `ESTIMATE_LINES` shapes): a pass's arrays then stay under the 4 MiB from which numpy asks
+#: the kernel for huge pages, whose first touch can stall on memory compaction (a pass of 3.4
+#: million runs took 0.9 s of system time of its 1.4 s).
 CHUNK_LINES = 1 << 16
+CHUNK_RUNS = 1 << 18
 #: Column shapes read first, evenly spread, to estimate the runs of all of them when there are
 #: more than a pass's worth; the analysis stops at once when the estimate passes
 #: `ESTIMATE_MARGIN` times the runs limit (it would stop at the limit, seconds later).
@@ -324,11 +329,12 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     # every column at once (a million classes: 200 MiB and most of the first analysis's time)
     if len(keys) > CHUNK_LINES:
         _estimate_runs(pattern, keys, D, Q)
+    lines = _chunk_lines(pattern, keys, D, Q)
     counts, starts, stops = [], [], []
     total = 0
-    for c0 in range(0, len(keys), CHUNK_LINES):
-        k = keys[c0:c0 + CHUNK_LINES]
-        r = line_runs(pattern, COLUMN, k, k, k + D[c0:c0 + CHUNK_LINES] + Q, limit=RUN_LIMIT - total)
+    for c0 in range(0, len(keys), lines):
+        k = keys[c0:c0 + lines]
+        r = line_runs(pattern, COLUMN, k, k, k + D[c0:c0 + lines] + Q, limit=RUN_LIMIT - total)
         total += len(r)
         counts.append(r.counts())
         starts.append(r.start - k[r.line])
@@ -336,6 +342,19 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     ptr = np.zeros(len(keys) + 1, dtype=_I64)
     np.cumsum(np.concatenate(counts), out=ptr[1:])
     return ColumnShapes(T, P, Q, D, ptr, np.concatenate(starts), np.concatenate(stops))
+
+
+def _chunk_lines(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> int:
+    """Column shapes a pass of `column_shapes` reads: `CHUNK_LINES`, or fewer so that a pass
+    builds about `CHUNK_RUNS` runs (estimated from `ESTIMATE_LINES` shapes evenly spread, where
+    all hold more than `CHUNK_RUNS` cells)."""
+    if float((D + Q).sum()) <= CHUNK_RUNS:
+        return CHUNK_LINES
+    try:
+        runs = _sampled_runs(pattern, keys, D, Q, ESTIMATE_LINES)
+    except AnalysisLimitError:
+        return CHUNK_LINES                  # the passes stop at the runs limit, as before
+    return int(min(CHUNK_LINES, max(1, len(keys) * CHUNK_RUNS // max(int(runs), 1))))
 
 
 #: Column shapes `estimated_runs` reads (evenly spread), and the cells (distances over all
