@@ -58,6 +58,8 @@ settings.register_profile("explore", max_examples=100, deadline=None, print_blob
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 if _WORKERS > 0:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    # the per-token analysis's threads (sas.limits.analysis_threads) likewise
+    os.environ.setdefault("SAS_ANALYSIS_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(PROFILE)
