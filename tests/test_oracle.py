@@ -283,6 +283,18 @@ def test_to_mask_equals_cell_interpreter(p, n):
     np.testing.assert_array_equal(p.to_mask(n), _interpreted(p, n))
 
 
+@settings(max_examples=150, deadline=None)
+@given(p=patterns(), n=st.integers(1, 40), share=st.sampled_from([0.2, 1.0]))
+def test_spreads_of_sparse_units_equal_the_cell_interpreter(p, n, share):
+    # a spread asks its layout only where its unit is on (forced here from one cell on, and for
+    # every unit at share 1.0): the same mask
+    import sas.lang.pattern as pattern_module
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pattern_module, "SPARSE_UNIT_CELLS", 1)
+        mp.setattr(pattern_module, "SPARSE_UNIT_SHARE", share)
+        np.testing.assert_array_equal(p.to_mask(n), _interpreted(p, n))
+
+
 @settings(max_examples=200, deadline=None)
 @given(offset=st.integers(-30, 30), size=st.one_of(st.none(), st.integers(1, 40)), stride=st.integers(1, 9),
        r0=st.integers(0, 60), k0=st.integers(0, 60), h=st.integers(1, 30), w=st.integers(1, 30))

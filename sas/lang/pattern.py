@@ -39,6 +39,11 @@ MAX_INDEX = 1 << 61
 MAX_DEPTH = 100
 #: Largest `n` of `to_mask(n)`: the mask is n x n booleans (4 GiB at the limit).
 MASK_LIMIT = 1 << 16
+#: `Spread.evaluate` asks its layout only at the cells where its unit is on when those are at
+#: most this share of at least `SPARSE_UNIT_CELLS` cells (gathering them costs about as much
+#: as a few operations on every cell).
+SPARSE_UNIT_SHARE = 0.2
+SPARSE_UNIT_CELLS = 1 << 12
 
 
 def _b(op: ast.boolop, values: list[ast.expr]) -> ast.expr:
@@ -401,7 +406,15 @@ class Spread(Pattern):
         if not self._params_within(MAX_INDEX):
             return self._index_safe.evaluate(i, j)
         h, w = self.shape
-        return self.layout.evaluate(i // h, j // w) & self.unit.evaluate(i % h, j % w)
+        unit = np.asarray(self.unit.evaluate(i % h, j % w), dtype=bool)
+        if unit.ndim and unit.size >= SPARSE_UNIT_CELLS and np.count_nonzero(unit) <= SPARSE_UNIT_SHARE * unit.size:
+            # a unit on at few of many cells: the layout only there (a stride's other residues,
+            # the columns a narrow unit leaves out)
+            out = np.zeros(unit.shape, dtype=bool)
+            rows, cols = np.broadcast_to(i, unit.shape)[unit], np.broadcast_to(j, unit.shape)[unit]
+            out[unit] = self.layout.evaluate(rows // h, cols // w)
+            return out
+        return self.layout.evaluate(i // h, j // w) & unit
 
     def predicate(self, i, j):
         if not self._params_within(MAX_INDEX):
