@@ -407,7 +407,8 @@ class Spread(Pattern):
             return self._index_safe.evaluate(i, j)
         h, w = self.shape
         unit = np.asarray(self.unit.evaluate(i % h, j % w), dtype=bool)
-        if unit.ndim and unit.size >= SPARSE_UNIT_CELLS and np.count_nonzero(unit) <= SPARSE_UNIT_SHARE * unit.size:
+        if (unit.size >= SPARSE_UNIT_CELLS and np.count_nonzero(unit) <= SPARSE_UNIT_SHARE * unit.size
+                and unit.shape == np.broadcast_shapes(np.shape(i), np.shape(j))):
             # a unit on at few of many cells: the layout only there (a stride's other residues,
             # the columns a narrow unit leaves out)
             out = np.zeros(unit.shape, dtype=bool)
