@@ -213,6 +213,10 @@ def _last_rows_in(pattern: Pattern, rows: np.ndarray, k0: int, k1: int, out: np.
     return True
 
 
+class _Stopped(Exception):
+    """A thread's search stopped because another one failed (never seen by the caller)."""
+
+
 def _threaded(fn: Callable[[T], R], items: list[T]) -> list[R]:
     """`[fn(x) for x in items]`, each item in its own thread when there are several (the
     first error raised again once all have stopped)."""
@@ -388,11 +392,6 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
     bounds = [(c0, min(n, c0 + CHUNK)) for c0 in range(first_chunk, n, CHUNK)]
     path = _Path()
     _chunk(pattern, 0, min(n, first_chunk), count, out, base, windows, rows, path)
-    threads = min(analysis_threads(), len(bounds))
-    if threads <= 1:
-        for c0, c1 in bounds:
-            _chunk(pattern, c0, c1, count, out, base, windows, rows, path)
-        return rows.end
     pending, take, stop = iter(bounds), threading.Lock(), threading.Event()
 
     def counted(k: int) -> None:
@@ -413,12 +412,8 @@ def _search(pattern: Pattern, end: int, count: Callable[[int], None], out: np.nd
             stop.set()
             raise
 
-    _threaded(run, list(range(threads)))
+    _threaded(run, list(range(min(analysis_threads(), len(bounds)))))     # one: in this thread
     return rows.end
-
-
-class _Stopped(Exception):
-    """A thread's search stopped because another one failed (never seen by the caller)."""
 
 
 def _chunk(pattern: Pattern, c0: int, c1: int, count: Callable[[int], None], out: np.ndarray,

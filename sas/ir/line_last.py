@@ -257,7 +257,7 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
     # the terms, only on the lines that period leaves waiting, once a scan
     whole = terms_period(terms, axis)
     if whole < LONG:
-        check = due & ((gain >= whole) | slow) if whole <= WINDOW_PERIOD else due & (gain >= whole)
+        check = due & ((gain >= whole) | (slow & (whole <= WINDOW_PERIOD)))
         wait = np.flatnonzero(due & ~check)
     else:
         check, wait = np.zeros(len(top), dtype=bool), np.flatnonzero(due)
