@@ -106,3 +106,28 @@ def test_check_rows_cover_boundary_periods_and_the_end() -> None:
     big = simplify.check_rows(max_len=1 << 20, cache_size=1 << 15, boundary=0, period=1 << 14)
     assert len(big) * ((1 << 15) + 2) <= 2 * simplify.MAX_CHECK_POINTS and big[-1] == 1 << 20
     assert np.all(np.diff(big) > 0)
+
+
+_BASE = """
+def cache_id_func(token_id):
+    return token_id % 10
+def slot_key_func(cache_id, token_id):
+    return cache_id
+def mask_func(cache_id, token_id):
+    return cache_id <= token_id{extra}
+"""
+
+
+@pytest.mark.parametrize("block", [1, 8, 64, 1 << 20])
+@pytest.mark.parametrize("slot,row", [(-1, 0), (0, 3), (7, 12), (10, 19)])
+def test_check_equal_in_blocks_finds_one_differing_point(monkeypatch: pytest.MonkeyPatch, block: int,
+                                                          slot: int, row: int) -> None:
+    """The grid is evaluated in blocks of slots: a single differing point is found in any block,
+    and named by its index in the whole grid (slot -1 is index 0)."""
+    monkeypatch.setattr(simplify, "CHECK_BLOCK_POINTS", block)
+    rows = np.arange(0, 20, dtype=np.int64)
+    same = ast.parse(_BASE.format(extra=""))
+    other = ast.parse(_BASE.format(extra=f" and not (cache_id == {slot} and token_id == {row})"))
+    assert simplify.check_equal(same, ast.parse(_BASE.format(extra="")), rows, 10) is None
+    diff = simplify.check_equal(same, other, rows, 10)
+    assert diff == f"mask_func differs at index ({slot + 1}, {row}): True vs False"

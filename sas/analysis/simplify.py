@@ -39,6 +39,8 @@ FUNCTIONS = ("cache_id_func", "slot_key_func", "mask_func")
 _ORDER = ("token_id", "cache_id")
 #: largest grid (slots x query rows) `check_equal` evaluates
 MAX_CHECK_POINTS = 1 << 22
+#: points (slots x query rows) `check_equal` evaluates at once
+CHECK_BLOCK_POINTS = 1 << 16
 
 _CMP = {ast.Lt: sp.Lt, ast.LtE: sp.Le, ast.Gt: sp.Gt, ast.GtE: sp.Ge, ast.Eq: sp.Eq, ast.NotEq: sp.Ne}
 _REL = {sp.StrictLessThan: ast.Lt, sp.LessThan: ast.LtE, sp.StrictGreaterThan: ast.Gt,
@@ -449,22 +451,41 @@ def check_rows(max_len: int, cache_size: int, boundary: int, period: int) -> np.
 
 def check_equal(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int) -> str | None:
     """None when every function gives the same values on every slot (-1 .. cache_size) and
-    query row of `rows` (and `cache_id_func` on `rows` as token ids); else what differs."""
-    slots = np.arange(-1, cache_size + 1, dtype=np.int64)
-    grid = {"cache_id": slots[:, None], "token_id": rows[None, :]}
-    for name in FUNCTIONS:
-        fa, fb = _function(original, name), _function(simplified, name)
-        env = {"token_id": rows} if name == "cache_id_func" else grid
-        a, b = _run(fa, env), _run(fb, env)
-        shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(env["token_id"]))
-        a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-        if a.dtype == bool or b.dtype == bool:
-            a, b = a.astype(bool), b.astype(bool)
-        bad = np.argwhere(a != b)
-        if len(bad):
-            where = tuple(int(x) for x in bad[0])
-            return f"{name} differs at index {where}: {a[where]} vs {b[where]}"
+    query row of `rows` (and `cache_id_func` on `rows` as token ids); else what differs.
+
+    The grid is evaluated in blocks of slots of about CHECK_BLOCK_POINTS points: a million-slot
+    ring's 16 million points stay in a few MiB (numpy asks the kernel for huge pages on arrays
+    of 4 MiB and more, which can cost more than the arithmetic)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    diff = _differs("cache_id_func", original, simplified, {"token_id": rows})
+    if diff is not None:
+        return diff
+    block = max(1, CHECK_BLOCK_POINTS // max(len(rows), 1))
+    for start in range(-1, cache_size + 1, block):
+        slots = np.arange(start, min(start + block, cache_size + 1), dtype=np.int64)
+        grid = {"cache_id": slots[:, None], "token_id": rows[None, :]}
+        for name in ("slot_key_func", "mask_func"):
+            diff = _differs(name, original, simplified, grid, slot_base=start + 1)
+            if diff is not None:
+                return diff
     return None
+
+
+def _differs(name: str, original: ast.Module, simplified: ast.Module, env: dict[str, np.ndarray],
+             slot_base: int = 0) -> str | None:
+    """What differs between the two modules' `name` on `env` (an index into the whole grid:
+    slots offset by `slot_base`), or None."""
+    a, b = _run(_function(original, name), env), _run(_function(simplified, name), env)
+    shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(env["token_id"]))
+    a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+    if a.dtype == bool or b.dtype == bool:
+        a, b = a.astype(bool), b.astype(bool)
+    bad = np.argwhere(a != b)
+    if not len(bad):
+        return None
+    where = tuple(int(x) for x in bad[0])
+    at = where if len(where) == 1 else (where[0] + slot_base, *where[1:])
+    return f"{name} differs at index {at}: {a[where]} vs {b[where]}"
 
 
 def check_python(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int,
