@@ -12,6 +12,7 @@ from strategies import patterns
 import sas.ir.line_last as line_last_module
 from sas import Causal, Diag, Rect
 from sas.ir.line_last import COLUMN, ROW, last_cells
+from sas.lang.pattern import And
 
 
 def _want(mask: np.ndarray, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -23,10 +24,12 @@ def _want(mask: np.ndarray, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.nda
 
 #: How a product's lines that have not agreed skip periodic pieces (`line_last._skip_pieces`):
 #: as by default; every such line after one round by reading the rest of a period cell by
-#: cell; only by the positions passed (no cells read).
+#: cell, on every position or a lattice's members, or on the positions of the residues the
+#: terms allow wherever they give any; only by the positions passed (no cells read).
 SKIP_MODES = {
     "default": {},
-    "cells": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40},
+    "cells": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": 0.0},
+    "residues": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": float(1 << 40)},
     "passed": {"CHECK_AFTER": 1, "WINDOW_PERIOD": 0},
 }
 
@@ -145,3 +148,104 @@ def test_a_piece_steps_by_its_own_period(monkeypatch: pytest.MonkeyPatch) -> Non
                         lambda terms, axis, fixed, x: np.full(len(fixed), line_last_module.LONG))
     _, known = last_cells(p, COLUMN, j, lo, hi)
     assert not known.all()
+
+
+@pytest.mark.parametrize("p, cells", [
+    # row 3 of a spread's 4 x 4 unit against rows 0 and 2 of another's, four rows high (the
+    # fuzzer's #20185): they never meet, which the units' residues show without a cell read
+    ((Rect(rows=(3, 4), cols=(3, 4), stride=(2, 1)) >> (Rect(size=(1, 4)) >> Diag(1, None)))
+     * (Rect(rows=(0, 4), cols=(0, 1), stride=(2, 1)) >> ~(Diag(-41, 20, stride=65) + Diag(45, 1, stride=65)))
+     * Causal(), 0),
+    # odd rows of a spread's 6-row unit against a band of stride 2 (#3901, about): on the columns
+    # of the band's even rows nothing, on the others every other row of a period
+    ((Rect(rows=(1, 6), cols=(1, 4), stride=(2, 1)) >> ~(Rect(size=(3, 4)) >> Diag(-4, None, stride=7)))
+     * Diag(4, None, stride=2) * Causal(), None),
+])
+def test_windows_read_only_the_residues_the_units_allow(p, cells: int | None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 1500
+    lo, hi = np.zeros(n, dtype=np.int64), np.full(n, n)
+    want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, lo, hi)
+    _skip_mode(monkeypatch, "cells")
+    read: list[int] = []
+    first_held = line_last_module._first_held
+
+    def counted(terms, neg, axis, fixed, start, x):
+        read.append(x.size)
+        return first_held(terms, neg, axis, fixed, start, x)
+
+    monkeypatch.setattr(line_last_module, "_first_held", counted)
+    by_cells = []
+    for share in (0.0, 1.0):        # every position (or a lattice's members), the residues
+        monkeypatch.setattr(line_last_module, "RESIDUE_SHARE", share)
+        read.clear()
+        got, known = last_cells(p, COLUMN, np.arange(n), lo, hi)
+        assert known.all()
+        np.testing.assert_array_equal(got, want)
+        by_cells.append(sum(read))
+    assert by_cells[1] <= by_cells[0] // 4
+    if cells is not None:
+        assert by_cells[1] == cells
+
+
+@settings(max_examples=150, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40), st.integers(1, 48))
+def test_residues_allow_every_cell_of_the_product(p, n: int, width: int) -> None:
+    """`_residues` is a necessary condition: every cell where all terms hold has an allowed
+    residue, along columns and rows; its modulus stays within the window's width."""
+    terms = list(p.terms) if isinstance(p, And) else [p]
+    mask = np.asarray(p.to_mask(n), dtype=bool)
+    for axis, lines in ((COLUMN, mask.T), (ROW, mask)):
+        found = line_last_module._residues(terms, axis, np.arange(n, dtype=np.int64), width)
+        if found is None:
+            continue
+        modulus, allowed = found
+        assert 1 <= modulus <= width and allowed.shape == (n, modulus)
+        line, x = np.nonzero(lines)
+        assert allowed[line, x % modulus].all()
+
+
+@pytest.mark.parametrize("mode", ["cells", "residues"])
+@pytest.mark.parametrize("p", [
+    ~(~Rect(stride=(5, 1)) + ~Rect(stride=(7, 1), offset=(1, 0))),
+    ~(~Diag(-3, None, stride=4) + ~(Rect(size=(3, 2)) >> Diag(0, None, stride=3))),
+])
+def test_windows_of_a_complement_read_the_complement(p, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a complement of a sum is a product of its terms' complements, which its windows test
+    _skip_mode(monkeypatch, mode)
+    n = 60
+    mask = np.asarray(p.to_mask(n), dtype=bool)
+    for axis in (COLUMN, ROW):
+        lo, hi = np.zeros(n, dtype=np.int64), np.full(n, n)
+        got, known = last_cells(p, axis, np.arange(n), lo, hi)
+        np.testing.assert_array_equal(got[known], _want(mask, axis, lo, hi)[known])
+        assert known.any()
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0, float(1 << 40)])
+@settings(max_examples=100, deadline=None)
+@given(patterns(max_depth=4), st.integers(1, 40), st.data())
+def test_window_last_equals_the_mask(share: float, p, n: int, data) -> None:
+    """A window read cell by cell (every position or a lattice's members, as chosen, or the
+    allowed residues) finds the last position in [start, top] where every term holds (every
+    term's complement), against the terms' masks."""
+    terms = list(p.terms) if isinstance(p, And) else [p]
+    masks = [np.asarray(t.to_mask(n), dtype=bool) for t in terms]
+    ends = st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), min_size=n, max_size=n)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(line_last_module, "RESIDUE_SHARE", share)
+        for neg in (False, True):
+            held = np.logical_and.reduce([~m if neg else m for m in masks])
+            for axis in (COLUMN, ROW):
+                start, top = np.sort(np.array(data.draw(ends), dtype=np.int64).reshape(n, 2), axis=1).T
+                got = line_last_module._window_last(terms, neg, axis, np.arange(n, dtype=np.int64), start, top)
+                np.testing.assert_array_equal(got, _want(held, axis, start, top + 1))
+
+
+def test_a_lattice_window_stops_at_its_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    # on column 1, Diag(2, None, stride=2) holds at rows 3, 5, ...: row 1, two below its last
+    # member in the window, is not one, though Diag(0, 1) holds there (explore-profile finding)
+    monkeypatch.setattr(line_last_module, "RESIDUE_SHARE", 0.0)
+    terms = [Diag(2, None, stride=2), Diag(0, 1)]
+    one = np.ones(1, dtype=np.int64)
+    assert line_last_module._window_last(terms, False, COLUMN, one, 0 * one, 3 * one).tolist() == [-1]

@@ -30,13 +30,15 @@ Each node answers for itself and for its complement (`neg`):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sas.ir.emptiness import merge_diags, provably_empty
 from sas.ir.envelope import NODE_BOX, node_extent
 from sas.ir.line_period import LONG, line_period, terms_period, terms_piece_period, terms_piece_start
 from sas.ir.line_runs import COLUMN, ROW, axis_selects, progression, unique_rows
-from sas.lang.pattern import And, Not, Or, Pattern, Spread
+from sas.lang.pattern import MAX_INDEX, And, Not, Or, Pattern, Spread
 from sas.lang.primitives import Diag, Dynamic, Rect
 
 #: Passes over its terms a product may take down a line before the line is left unknown.
@@ -52,6 +54,9 @@ CHECK_AFTER = 2
 WINDOW_PERIOD = 1024
 ROUND_CELLS = 4
 WINDOW_CELLS = 1 << 21
+#: A window is read on the positions of its lines' allowed residues (`_residues`) where they
+#: are fewer than `RESIDUE_SHARE` times the cells read otherwise.
+RESIDUE_SHARE = 1.0
 #: Above every position: a term not yet asked.
 _ABOVE = np.iinfo(np.int64).max
 
@@ -302,20 +307,35 @@ def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
 def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, start: np.ndarray,
                  top: np.ndarray) -> np.ndarray:
     """The last position in [start, top] of each line where every term holds (each negated when
-    `neg`), -1 where none does, cell by cell: on the members of the term of the longest
-    stride when it is a strided Diag or Rect, else on every position."""
-    strided = [] if neg else [t for t in terms if isinstance(t, (Diag, Rect)) and line_period(t, axis) > 1]
+    `neg`), -1 where none does, cell by cell on the fewer candidates of two: the members of the
+    term of the longest stride when it is a strided Diag or Rect, or the positions whose
+    residues the terms' residue tables leave (`_residues`); else on every position."""
     width = int((top - start).max()) + 1
+    strided = [] if neg else [t for t in terms if isinstance(t, (Diag, Rect)) and line_period(t, axis) > 1]
+    step = max((line_period(t, axis) for t in strided), default=1)
+    residues = None if neg else _residues(terms, axis, fixed, width)
+    if residues is not None:
+        modulus, allowed = residues
+        pairs = int(np.count_nonzero(allowed))
+        if pairs * ((width - 1) // modulus + 1) < RESIDUE_SHARE * len(fixed) * ((width - 1) // step + 1):
+            return _residue_window_last(terms, axis, fixed, start, top, modulus, allowed)
     if strided:
         lattice = max(strided, key=lambda t: line_period(t, axis))
-        step = line_period(lattice, axis)
         last = _progression_last(lattice, False, axis, fixed, start, top + 1)
+        # the lattice's members down from its last; itself still tested, as the positions
+        # below its band (a Diag's lower end, a Rect's first row) are not members
         x = last[:, None] - step * np.arange((width - 1) // step + 1, dtype=_I64)[None, :]
-        terms = [t for t in terms if t is not lattice]
     else:
         x = top[:, None] - np.arange(width, dtype=_I64)[None, :]      # down from the top
+    return _first_held(terms, neg, axis, fixed, start, x)
+
+
+def _first_held(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, start: np.ndarray,
+                x: np.ndarray) -> np.ndarray:
+    """On each row of the candidate positions x (descending along the row, of the line
+    `fixed`), the first at or above `start` where every term holds (negated when `neg`); -1."""
     on = x >= start[:, None]
-    np.maximum(x, 0, out=x)
+    x = np.maximum(x, 0)
     line = fixed[:, None]
     i, j = (x, line) if axis == COLUMN else (line, x)
     for term in terms:
@@ -324,6 +344,61 @@ def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
     first = on.argmax(axis=1)
     rows = np.arange(len(fixed))
     return np.where(on[rows, first], x[rows, first], -1)
+
+
+def _residues(terms: list[Pattern], axis: int, fixed: np.ndarray, width: int) -> tuple[int, np.ndarray] | None:
+    """(m, allowed): positions x on line k can hold every term only where allowed[k, x % m].
+
+    Each term gives a necessary condition on a position's residue: a strided Diag or Rect its
+    members' residue (none on the lines a Rect misses), a spread its unit's cells along the
+    line (M(i, j) = unit(i % h, j % w) and layout(...), so on column j rows i with
+    unit(i % h, j % w) off never hold). The most selective are combined while the lcm of their
+    periods stays within `width` (a residue class then has a position in the window, and the
+    table no more cells than the window). None where no term gives one."""
+    tables: list[tuple[float, int, np.ndarray]] = []
+    for t in terms:
+        if isinstance(t, (Diag, Rect)):
+            on, _, _, mod, residue = progression(t, axis, fixed)
+            if mod > width or (mod == 1 and on.all()):
+                continue
+            table = (np.arange(mod, dtype=_I64)[None, :] == (residue % mod)[:, None]) & on[:, None]
+        elif isinstance(t, Spread) and t._params_within(MAX_INDEX):
+            h, w = t.shape
+            along, across = (h, w) if axis == COLUMN else (w, h)
+            if along > width:
+                continue
+            r, u = np.arange(along, dtype=_I64)[None, :], (fixed % across)[:, None]
+            held = t.unit.evaluate(r, u) if axis == COLUMN else t.unit.evaluate(u, r)
+            table = np.broadcast_to(np.asarray(held, dtype=bool), (len(fixed), along))
+            mod = along
+        else:
+            continue
+        tables.append((float(table.mean()), mod, table))
+    modulus, allowed = 1, None
+    for _, mod, table in sorted(tables, key=lambda x: x[0]):
+        m = math.lcm(modulus, mod)
+        if m > width:
+            continue
+        cols = np.arange(m) % mod
+        allowed = table[:, cols] if allowed is None else np.tile(allowed, (1, m // modulus)) & table[:, cols]
+        modulus = m
+    return None if allowed is None else (modulus, allowed)
+
+
+def _residue_window_last(terms: list[Pattern], axis: int, fixed: np.ndarray, start: np.ndarray,
+                         top: np.ndarray, modulus: int, allowed: np.ndarray) -> np.ndarray:
+    """`_window_last` on the positions of each line's allowed residues (`_residues`): one
+    descending row of candidates per (line, residue), the line's answer the largest of its
+    rows'."""
+    line, residue = np.nonzero(allowed)
+    out = np.full(len(fixed), -1, dtype=_I64)
+    if not len(line):
+        return out
+    width = int((top - start).max()) + 1
+    head = top[line] - (top[line] - residue) % modulus        # the residue's last position <= top
+    x = head[:, None] - modulus * np.arange((width - 1) // modulus + 1, dtype=_I64)[None, :]
+    np.maximum.at(out, line, _first_held(terms, False, axis, fixed[line], start[line], x))
+    return out
 
 
 def _distinct(p: Pattern, neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
