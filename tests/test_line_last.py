@@ -25,12 +25,14 @@ def _want(mask: np.ndarray, axis: int, lo: np.ndarray, hi: np.ndarray) -> np.nda
 #: How a product's lines that have not agreed skip periodic pieces (`line_last._skip_pieces`):
 #: as by default; every such line after one round by reading the rest of a period cell by
 #: cell, on every position or a lattice's members, or on the positions of the residues the
-#: terms allow wherever they give any; only by the positions passed (no cells read).
+#: terms allow wherever they give any; only by the positions passed (no cells read). But for
+#: the default, the leapfrog steps to every position (no residues it skips), so that more
+#: lines reach the pieces.
 SKIP_MODES = {
     "default": {},
-    "cells": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": 0.0},
-    "residues": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": float(1 << 40)},
-    "passed": {"CHECK_AFTER": 1, "WINDOW_PERIOD": 0},
+    "cells": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": 0.0, "SNAP_MODULUS": 0},
+    "residues": {"CHECK_AFTER": 1, "ROUND_CELLS": 1 << 40, "RESIDUE_SHARE": float(1 << 40), "SNAP_MODULUS": 0},
+    "passed": {"CHECK_AFTER": 1, "WINDOW_PERIOD": 0, "SNAP_MODULUS": 0},
 }
 
 
@@ -79,14 +81,64 @@ def test_products_that_do_not_agree_are_left_unknown(monkeypatch: pytest.MonkeyP
     # two lattices that meet every 35 rows: one step at a time down a column
     p = Rect(stride=(5, 1)) * Rect(stride=(7, 1), offset=(1, 0))
     n = 200
-    j = np.arange(n)
-    want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, np.zeros(n, dtype=np.int64), np.full(n, n))
-    got, known = last_cells(p, COLUMN, j, np.zeros(n, dtype=np.int64), np.full(n, n))
+    j, lo, hi = np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n)
+    want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, lo, hi)
+    got, known = last_cells(p, COLUMN, j, lo, hi)
     assert known.all()
     np.testing.assert_array_equal(got, want)
     monkeypatch.setattr(line_last_module, "ROUNDS", 1)
-    got, known = last_cells(p, COLUMN, j, np.zeros(n, dtype=np.int64), np.full(n, n))
+    monkeypatch.setattr(line_last_module, "SNAP_MODULUS", 0)     # not to the residues both allow
+    got, known = last_cells(p, COLUMN, j, lo, hi)
     assert not known.any()
+
+
+def test_the_leapfrog_steps_to_the_residues_both_lattices_allow(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows 0 mod 7 and 1 mod 8 meet every 56 rows, about four rounds down a column; the
+    # position steps to the one residue of 56 both allow, and they agree in the first round
+    p = Rect(stride=(7, 1)) * Rect(stride=(8, 1), offset=(1, 0))
+    n = 300
+    j, lo, hi = np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n)
+    want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, lo, hi)
+    monkeypatch.setattr(line_last_module, "ROUNDS", 1)
+    got, known = last_cells(p, COLUMN, j, lo, hi)
+    assert known.all()
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setattr(line_last_module, "SNAP_MODULUS", 0)
+    got, known = last_cells(p, COLUMN, j, lo, hi)
+    assert not known.all()
+    np.testing.assert_array_equal(got[known], want[known])
+
+
+@pytest.mark.parametrize("p", [
+    # a spread's unit rows 3-5 of 6 against another's block-diagonal 2 x 2 cells (the fuzzer's
+    # #3611, about): on a third of the columns no row is allowed, on the others one or two of 6
+    (Rect(rows=(3, 6), cols=(0, 4)) >> ~Rect(rows=(None, 2), cols=(3, None), stride=(3, 7), offset=(2, 5)))
+    * ((Rect(size=(2, 2)) >> (Rect(size=(3, 3)) * Diag(0, 1, stride=5))) >> (Diag(-1, None) + Rect(cols=(1, None))))
+    * Causal(),
+    Diag(-4, None, stride=2) * (Rect(rows=(4, 6), cols=(1, 2), stride=(2, 1)) >> Causal()) * Causal(),
+])
+def test_the_leapfrog_steps_to_allowed_residues(p, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 600
+    j, lo, hi = np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, n)
+    mask = np.asarray(p.to_mask(n), dtype=bool)
+    asked = []
+    last = line_last_module._last
+
+    def counted(q, neg, axis, fixed, lo_, hi_):
+        asked.append(len(fixed))
+        return last(q, neg, axis, fixed, lo_, hi_)
+
+    monkeypatch.setattr(line_last_module, "_last", counted)
+    lines = []
+    for snap in (64, 0):
+        monkeypatch.setattr(line_last_module, "SNAP_MODULUS", snap)
+        asked.clear()
+        for axis in (COLUMN, ROW):
+            got, known = last_cells(p, axis, j, lo, hi)
+            np.testing.assert_array_equal(got[known], _want(mask, axis, lo, hi)[known])
+            assert known.all()
+        lines.append(sum(asked))
+    assert lines[0] < 0.6 * lines[1]       # lines asked of the terms, all levels
 
 
 # Products whose terms never meet on most columns, with one period along them, so that the
@@ -117,7 +169,9 @@ def test_products_whose_terms_never_meet_skip_their_pieces(p, by_passed: bool, m
     np.testing.assert_array_equal(got[known], _want(mask, COLUMN, lo, hi)[known])
     got, known = last_cells(p, ROW, np.arange(n), lo, hi)
     np.testing.assert_array_equal(got[known], _want(mask, ROW, lo, hi)[known])
-    # without the pieces the same columns are left to the caller
+    # without the pieces (nor the residues the leapfrog skips) the same columns are left to
+    # the caller
+    monkeypatch.setattr(line_last_module, "SNAP_MODULUS", 0)
     monkeypatch.setattr(line_last_module, "terms_period", lambda terms, axis: line_last_module.LONG)
     monkeypatch.setattr(line_last_module, "terms_piece_period",
                         lambda terms, axis, fixed, x: np.full(len(fixed), line_last_module.LONG))
@@ -166,7 +220,7 @@ def test_windows_read_only_the_residues_the_units_allow(p, cells: int | None,
     n = 1500
     lo, hi = np.zeros(n, dtype=np.int64), np.full(n, n)
     want = _want(np.asarray(p.to_mask(n), dtype=bool), COLUMN, lo, hi)
-    _skip_mode(monkeypatch, "cells")
+    _skip_mode(monkeypatch, "cells")            # the leapfrog steps to every position
     read: list[int] = []
     first_held = line_last_module._first_held
 
@@ -196,11 +250,13 @@ def test_residues_allow_every_cell_of_the_product(p, n: int, width: int) -> None
     terms = list(p.terms) if isinstance(p, And) else [p]
     mask = np.asarray(p.to_mask(n), dtype=bool)
     for axis, lines in ((COLUMN, mask.T), (ROW, mask)):
-        found = line_last_module._residues(terms, axis, np.arange(n, dtype=np.int64), width)
+        fixed = np.arange(n, dtype=np.int64)
+        found = line_last_module._residues(terms, axis, fixed, width)
         if found is None:
             continue
-        modulus, allowed = found
+        modulus, allowed = found.modulus, found.allowed(fixed)
         assert 1 <= modulus <= width and allowed.shape == (n, modulus)
+        assert found.period * modulus <= line_last_module.RESIDUE_CELLS
         line, x = np.nonzero(lines)
         assert allowed[line, x % modulus].all()
 

@@ -18,9 +18,12 @@ Each node answers for itself and for its complement (`neg`):
   the position drops below it (a leapfrog join). Terms that never meet would step down a
   line without end (lattices of one period and other residues): the product repeats along a
   line between a few boundaries (`sas.ir.line_period`), so a periodic piece in which a whole
-  period holds no common cell holds none, and the position drops below it. Lines that have
-  not agreed after `ROUNDS` passes over the terms are left unknown (`known` False) for the
-  caller's run-based search;
+  period holds no common cell holds none, and the position drops below it. Where two or more
+  terms restrict a position's residue (a strided Diag or Rect its stride's, a spread its
+  unit's rows on the line: `_residues`), the position steps only to residues all of them
+  allow, and a line that allows none holds no common cell. Lines that have not agreed after
+  `ROUNDS` passes over the terms are left unknown (`known` False) for the caller's run-based
+  search;
 - a spread asks its layout for the last on-block (off-block) and its unit for the last cell
   (non-cell) inside it: the top block, partly in range, first, then the blocks below;
 - a sum, product or spread whose envelope (`sas.ir.envelope.node_extent`) ends before a line or
@@ -31,6 +34,7 @@ Each node answers for itself and for its complement (`neg`):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,6 +61,11 @@ WINDOW_CELLS = 1 << 21
 #: A window is read on the positions of its lines' allowed residues (`_residues`) where they
 #: are fewer than `RESIDUE_SHARE` times the cells read otherwise.
 RESIDUE_SHARE = 1.0
+#: A product's leapfrog steps only to positions whose residues its terms allow (`_residues`)
+#: modulo at most `SNAP_MODULUS`; a residue table holds at most `RESIDUE_CELLS` cells (classes
+#: of lines x residues).
+SNAP_MODULUS = 64
+RESIDUE_CELLS = 1 << 16
 #: Above every position: a term not yet asked.
 _ABOVE = np.iinfo(np.int64).max
 
@@ -208,6 +217,15 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     known = np.ones(m, dtype=bool)
     live = np.flatnonzero(hi > lo).astype(_I64)
     top = hi[live] - 1
+    snap = None if neg else _residues(terms, axis, fixed[live], SNAP_MODULUS)
+    if snap is not None and snap.terms < 2:
+        snap = None                         # each term answers on its own residues already
+    if snap is not None:                    # the positions the terms' residues allow (module doc)
+        down = _down_to_allowed(snap.table)
+        some = snap.lines & (down[fixed[live] % snap.period, 0] < snap.modulus)
+        live, top = live[some], top[some]
+        cls = fixed[live] % snap.period         # each line's row of `down`
+        top = _snapped(top, lo[live], down, cls, snap.modulus)
     xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
     sure = np.ones(len(live), dtype=bool)
     scan = top.copy()                       # (top, scan] holds no common cell
@@ -228,6 +246,8 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
             xs[t, ask] = x
             sure[ask] &= k
             top[ask] = np.minimum(top[ask], x)
+        if snap is not None:                # once a round: a common cell stays where it is
+            top = _snapped(top, lo[live], down, cls, snap.modulus)
         agree = (xs == top).all(axis=0)
         done = agree | (top < 0) | ~sure
         out[live[done]] = np.where(agree[done], top[done], -1)
@@ -235,10 +255,29 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
         keep = ~done
         live, top, xs, sure, scan, rounds, pieces = (live[keep], top[keep], xs[:, keep], sure[keep], scan[keep],
                                                      rounds[keep] + 1, pieces[keep])
+        if snap is not None:
+            cls = cls[keep]
         if len(live):
             _skip_pieces(terms, neg, axis, fixed[live], lo[live], top, xs, scan, rounds, pieces)
     known[live] = False
     return out, known
+
+
+def _down_to_allowed(allowed: np.ndarray) -> np.ndarray:
+    """For each row and residue r of `allowed` (rows x m), the distance from r down to the
+    nearest allowed residue, cyclically (0 where r is allowed); m or more where none is."""
+    m = allowed.shape[1]
+    idx = np.arange(2 * m, dtype=_I64)
+    last = np.maximum.accumulate(np.where(np.tile(allowed, (1, 2)), idx, -m), axis=1)
+    return idx[m:] - last[:, m:]
+
+
+def _snapped(top: np.ndarray, lo: np.ndarray, down: np.ndarray, cls: np.ndarray, modulus: int) -> np.ndarray:
+    """Each line's position moved down to the nearest allowed residue (`down`, rows of
+    `_down_to_allowed`; `cls` each line's row); -1 where that falls below the line's `lo`, or
+    was already."""
+    x = top - down[cls, np.maximum(top, 0) % modulus]
+    return np.where((top >= 0) & (x >= lo), x, -1)
 
 
 def _skip_pieces(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, lo: np.ndarray,
@@ -315,7 +354,7 @@ def _window_last(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, 
     step = max((line_period(t, axis) for t in strided), default=1)
     residues = None if neg else _residues(terms, axis, fixed, width)
     if residues is not None:
-        modulus, allowed = residues
+        modulus, allowed = residues.modulus, residues.allowed(fixed)
         pairs = int(np.count_nonzero(allowed))
         if pairs * ((width - 1) // modulus + 1) < RESIDUE_SHARE * len(fixed) * ((width - 1) // step + 1):
             return _residue_window_last(terms, axis, fixed, start, top, modulus, allowed)
@@ -346,43 +385,68 @@ def _first_held(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray, s
     return np.where(on[rows, first], x[rows, first], -1)
 
 
-def _residues(terms: list[Pattern], axis: int, fixed: np.ndarray, width: int) -> tuple[int, np.ndarray] | None:
-    """(m, allowed): positions x on line k can hold every term only where allowed[k, x % m].
+@dataclass(frozen=True)
+class _Residues:
+    """Where a product's terms can all hold, by residues (`_residues`): a position x on line
+    k only where `table[fixed[k] % period, x % modulus]` and `lines[k]`."""
+
+    modulus: int
+    period: int
+    table: np.ndarray       # (period, modulus) bool
+    lines: np.ndarray       # per line asked: False where a Rect term misses the line
+    terms: int              # the terms whose residues the table combines
+
+    def allowed(self, fixed: np.ndarray) -> np.ndarray:
+        """(lines x modulus) bool: the residues allowed on each line of `fixed`, the lines
+        `_residues` was asked for."""
+        return self.table[fixed % self.period] & self.lines[:, None]
+
+
+def _residues(terms: list[Pattern], axis: int, fixed: np.ndarray, width: int) -> _Residues | None:
+    """Positions x on line k can hold every term only where `allowed(fixed)[k, x % modulus]`.
 
     Each term gives a necessary condition on a position's residue: a strided Diag or Rect its
-    members' residue (none on the lines a Rect misses), a spread its unit's cells along the
+    members' residue (a Rect none on the lines it misses), a spread its unit's cells along the
     line (M(i, j) = unit(i % h, j % w) and layout(...), so on column j rows i with
-    unit(i % h, j % w) off never hold). The most selective are combined while the lcm of their
-    periods stays within `width` (a residue class then has a position in the window, and the
-    table no more cells than the window). None where no term gives one."""
-    tables: list[tuple[float, int, np.ndarray]] = []
+    unit(i % h, j % w) off never hold). A line's condition depends on its index modulo a
+    period (a Diag's stride, a spread's unit width), so the table is built once a class of
+    lines, not once a line. The most selective are combined while the lcm of their periods
+    along the line stays within `width` (a residue class then has a position in the window)
+    and the table within `RESIDUE_CELLS`. None where no term gives one."""
+    lines = np.ones(len(fixed), dtype=bool)
+    parts: list[tuple[float, int, int, np.ndarray]] = []       # (share, modulus, period, table)
     for t in terms:
         if isinstance(t, (Diag, Rect)):
-            on, _, _, mod, residue = progression(t, axis, fixed)
-            if mod > width or (mod == 1 and on.all()):
-                continue
-            table = (np.arange(mod, dtype=_I64)[None, :] == (residue % mod)[:, None]) & on[:, None]
+            on, _, _, mod, _ = progression(t, axis, fixed)
+            if isinstance(t, Rect):
+                lines &= on
+                if 1 < mod <= width:                   # the same residue on every line
+                    first = (t.rows[0] if axis == COLUMN else t.cols[0]) or 0
+                    r = (first + t.offset[0 if axis == COLUMN else 1]) % mod
+                    parts.append((1 / mod, mod, 1, (np.arange(mod) == r)[None, :]))
+            elif 1 < mod <= width:                     # residue (line + offset) mod stride
+                _, _, _, _, res = progression(t, axis, np.arange(mod, dtype=_I64))
+                parts.append((1 / mod, mod, mod, np.arange(mod)[None, :] == (res % mod)[:, None]))
         elif isinstance(t, Spread) and t._params_within(MAX_INDEX):
             h, w = t.shape
             along, across = (h, w) if axis == COLUMN else (w, h)
-            if along > width:
+            if along > width or along * across > RESIDUE_CELLS:
                 continue
-            r, u = np.arange(along, dtype=_I64)[None, :], (fixed % across)[:, None]
+            r, u = np.arange(along, dtype=_I64)[None, :], np.arange(across, dtype=_I64)[:, None]
             held = t.unit.evaluate(r, u) if axis == COLUMN else t.unit.evaluate(u, r)
-            table = np.broadcast_to(np.asarray(held, dtype=bool), (len(fixed), along))
-            mod = along
-        else:
+            table = np.broadcast_to(np.asarray(held, dtype=bool), (across, along))
+            parts.append((float(table.mean()), along, across, table))
+    modulus, period, table, combined = 1, 1, np.ones((1, 1), dtype=bool), 0
+    for _, mod, per, part in sorted(parts, key=lambda x: x[0]):
+        m, q = math.lcm(modulus, mod), math.lcm(period, per)
+        if m > width or m * q > RESIDUE_CELLS:
             continue
-        tables.append((float(table.mean()), mod, table))
-    modulus, allowed = 1, None
-    for _, mod, table in sorted(tables, key=lambda x: x[0]):
-        m = math.lcm(modulus, mod)
-        if m > width:
-            continue
-        cols = np.arange(m) % mod
-        allowed = table[:, cols] if allowed is None else np.tile(allowed, (1, m // modulus)) & table[:, cols]
-        modulus = m
-    return None if allowed is None else (modulus, allowed)
+        rows, cols = np.arange(q), np.arange(m)
+        table = table[rows % period][:, cols % modulus] & part[rows % per][:, cols % mod]
+        modulus, period, combined = m, q, combined + 1
+    if modulus == 1 and lines.all():
+        return None
+    return _Residues(modulus, period, table, lines, combined)
 
 
 def _residue_window_last(terms: list[Pattern], axis: int, fixed: np.ndarray, start: np.ndarray,
