@@ -218,14 +218,16 @@ def _intersection(terms: list[Pattern], neg: bool, axis: int, fixed: np.ndarray,
     live = np.flatnonzero(hi > lo).astype(_I64)
     top = hi[live] - 1
     snap = None if neg else _residues(terms, axis, fixed[live], SNAP_MODULUS)
-    if snap is not None and snap.terms < 2:
-        snap = None                         # each term answers on its own residues already
     if snap is not None:                    # the positions the terms' residues allow (module doc)
         down = _down_to_allowed(snap.table)
         some = snap.lines & (down[fixed[live] % snap.period, 0] < snap.modulus)
-        live, top = live[some], top[some]
-        cls = fixed[live] % snap.period         # each line's row of `down`
-        top = _snapped(top, lo[live], down, cls, snap.modulus)
+        if not some.all():                  # no residue allowed: no common cell
+            live, top = live[some], top[some]
+        if snap.terms < 2:
+            snap = None                     # one term answers on its own residues already
+        else:
+            cls = fixed[live] % snap.period     # each line's row of `down`
+            top = _snapped(top, lo[live], down, cls, snap.modulus)
     xs = np.full((len(terms), len(live)), _ABOVE, dtype=_I64)   # each term's last answer
     sure = np.ones(len(live), dtype=bool)
     scan = top.copy()                       # (top, scan] holds no common cell
