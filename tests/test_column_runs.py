@@ -317,6 +317,28 @@ def test_column_shapes_in_passes_of_about_chunk_runs(monkeypatch: pytest.MonkeyP
     assert passes == [(len(whole.ptr) - 1, len(whole.start))]
 
 
+def test_passes_are_sized_from_the_estimate_already_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # more shapes than a pass: the estimate that guards the runs limit also sizes the passes
+    # (one sample of the shapes, not two), and the shapes are the same
+    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
+    st = structure(p).within(4096)
+    whole = column_shapes(p, st)
+    samples = []
+    real = columns_module._sampled_runs
+
+    def counted(*args, **kwargs):
+        samples.append(args[4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(columns_module, "_sampled_runs", counted)
+    monkeypatch.setattr(columns_module, "CHUNK_LINES", 16)        # of 87 shapes
+    monkeypatch.setattr(columns_module, "CHUNK_RUNS", 40)
+    got = column_shapes(p, st)
+    assert samples == [columns_module.SAMPLE_LINES]
+    for name in ("ptr", "start", "stop", "D"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(whole, name))
+
+
 def test_column_shapes_stop_early_on_an_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
     # 87 column shapes of a few runs each: with a limit of 50 runs and passes of 8 shapes, the
     # estimate from 16 shapes stops the analysis before any pass, and analyze goes on per token

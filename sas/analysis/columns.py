@@ -327,9 +327,8 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     # CHUNK_LINES columns at a time: the run algebra's temporaries (a few dozen arrays of the
     # lines' length) are then reused from chunk to chunk instead of touching fresh memory for
     # every column at once (a million classes: 200 MiB and most of the first analysis's time)
-    if len(keys) > CHUNK_LINES:
-        _estimate_runs(pattern, keys, D, Q)
-    lines = _chunk_lines(pattern, keys, D, Q)
+    estimate = _estimate_runs(pattern, keys, D, Q) if len(keys) > CHUNK_LINES else None
+    lines = _chunk_lines(pattern, keys, D, Q, estimate)
     counts, starts, stops = [], [], []
     total = 0
     for c0 in range(0, len(keys), lines):
@@ -344,14 +343,15 @@ def column_shapes(pattern: Pattern, st: Structure) -> ColumnShapes:
     return ColumnShapes(T, P, Q, D, ptr, np.concatenate(starts), np.concatenate(stops))
 
 
-def _chunk_lines(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> int:
+def _chunk_lines(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int, estimate: float | None) -> int:
     """Column shapes a pass of `column_shapes` reads: `CHUNK_LINES`, or fewer so that a pass
-    builds about `CHUNK_RUNS` runs (estimated from `ESTIMATE_LINES` shapes evenly spread, where
+    builds about `CHUNK_RUNS` runs (by `estimate`, the runs of all shapes where
+    `_estimate_runs` gave it, else estimated from `ESTIMATE_LINES` shapes evenly spread, where
     all hold more than `CHUNK_RUNS` cells)."""
     if float((D + Q).sum()) <= CHUNK_RUNS:
         return CHUNK_LINES
     try:
-        runs = _sampled_runs(pattern, keys, D, Q, ESTIMATE_LINES)
+        runs = _sampled_runs(pattern, keys, D, Q, ESTIMATE_LINES) if estimate is None else estimate
     except AnalysisLimitError:
         return CHUNK_LINES                  # the passes stop at the runs limit, as before
     return int(min(CHUNK_LINES, max(1, len(keys) * CHUNK_RUNS // max(int(runs), 1))))
@@ -390,14 +390,15 @@ def _sampled_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int, lin
     return len(r) / float(cells[pick].sum()) * float(cells.sum())
 
 
-def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> None:
-    """Refuse column shapes whose runs, estimated from `SAMPLE_LINES` of them (`_sampled_runs`),
-    pass `ESTIMATE_MARGIN` times the runs limit."""
+def _estimate_runs(pattern: Pattern, keys: np.ndarray, D: np.ndarray, Q: int) -> float:
+    """The runs of all column shapes, estimated from `SAMPLE_LINES` of them (`_sampled_runs`);
+    refused where they pass `ESTIMATE_MARGIN` times the runs limit."""
     estimate = _sampled_runs(pattern, keys, D, Q, SAMPLE_LINES)
     if estimate > ESTIMATE_MARGIN * RUN_LIMIT:
         raise AnalysisLimitError(f"the column shapes need about {estimate:.3g} runs (estimated from "
                                  f"{min(SAMPLE_LINES, len(keys))} of the {len(keys)} shapes), more than the "
                                  f"limit {RUN_LIMIT} (the runs limit)")
+    return estimate
 
 
 def upper_triangle_clear(pattern: Pattern, st: Structure) -> tuple[int, int] | None:
