@@ -415,20 +415,19 @@ def _residues(terms: list[Pattern], axis: int, fixed: np.ndarray, width: int) ->
     lines, not once a line. The most selective are combined while the lcm of their periods
     along the line stays within `width` (a residue class then has a position in the window)
     and the table within `RESIDUE_CELLS`. None where no term gives one."""
+    if not len(fixed):
+        return None
     lines = np.ones(len(fixed), dtype=bool)
     parts: list[tuple[float, int, int, np.ndarray]] = []       # (share, modulus, period, table)
     for t in terms:
-        if isinstance(t, (Diag, Rect)):
-            on, _, _, mod, _ = progression(t, axis, fixed)
-            if isinstance(t, Rect):
-                lines &= on
-                if 1 < mod <= width:                   # the same residue on every line
-                    first = (t.rows[0] if axis == COLUMN else t.cols[0]) or 0
-                    r = (first + t.offset[0 if axis == COLUMN else 1]) % mod
-                    parts.append((1 / mod, mod, 1, (np.arange(mod) == r)[None, :]))
-            elif 1 < mod <= width:                     # residue (line + offset) mod stride
-                _, _, _, _, res = progression(t, axis, np.arange(mod, dtype=_I64))
-                parts.append((1 / mod, mod, mod, np.arange(mod)[None, :] == (res % mod)[:, None]))
+        if isinstance(t, Rect):
+            on, _, _, mod, residue = progression(t, axis, fixed)
+            lines &= on
+            if 1 < mod <= width:                       # the same residue on every line
+                parts.append((1 / mod, mod, 1, (np.arange(mod) == int(residue[0]) % mod)[None, :]))
+        elif isinstance(t, Diag) and 1 < t.stride <= width:    # residue (line + offset) mod stride
+            _, _, _, mod, residue = progression(t, axis, np.arange(t.stride, dtype=_I64))
+            parts.append((1 / mod, mod, mod, np.arange(mod)[None, :] == (residue % mod)[:, None]))
         elif isinstance(t, Spread) and t._params_within(MAX_INDEX):
             h, w = t.shape
             along, across = (h, w) if axis == COLUMN else (w, h)
