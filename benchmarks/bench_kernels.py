@@ -223,7 +223,7 @@ def main() -> None:
             C = kern.cache_size
             row = {"pattern": name, "N": N, "cache_size": C, "sdpa_prefill_ms": sdpa_prefill,
                    "sdpa_decode_ms": sdpa_decode}
-            tiles = kern.runtime.tile_tensors(N, N, dev)
+            tiles = kern.runtime.prefill_tiles(q, k, v)
             row["prefill_config"] = [tiles[0].block_m, tiles[0].block_n, tiles[0].num_warps, tiles[0].num_stages]
             row["tiles"] = {"full": int(tiles[1][-1]), "partial": int(tiles[3][-1])}
             out = kern(q, k, v)

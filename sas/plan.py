@@ -150,10 +150,12 @@ class Plan:
         return int(self.analysis.cache_size)
 
     # --- launch choices ----------------------------------------------------------------------
-    def prefill_config(self, q_len: int, k_len: int | None = None) -> PrefillOptions:
-        """The caller's prefill options, or the automatic choice for this length."""
+    def prefill_config(self, q_len: int, k_len: int | None = None, *, wide_kernel: bool = False) -> PrefillOptions:
+        """The caller's prefill options, or the automatic choice for this length (`wide_kernel`:
+        the Hopper kernel for 128-row tiles can run; see `auto_prefill_options`)."""
         k_len = q_len if k_len is None else k_len
-        return self.prefill_options or auto_prefill_options(self.prefill_pattern, q_len, k_len)
+        return self.prefill_options or auto_prefill_options(self.prefill_pattern, q_len, k_len,
+                                                            wide_kernel=wide_kernel)
 
     def decode_config(self, group: int = 1) -> DecodeOptions:
         """The caller's decode options, or the automatic choice for `group` query heads per KV head
@@ -164,17 +166,17 @@ class Plan:
         a = self.analysis if self.analysis is not None else self.dynamic.static_analysis
         return auto_decode_options(a, group) if a is not None else DecodeOptions()
 
-    def schedule(self, q_len: int, k_len: int | None = None) -> TileSchedule:
+    def schedule(self, q_len: int, k_len: int | None = None, *, wide_kernel: bool = False) -> TileSchedule:
         """Prefill options and tile runs for queries at the last `q_len` of `k_len` positions
         (made once, then kept in the plan's cache)."""
         k_len = q_len if k_len is None else k_len
 
         def make() -> TileSchedule:
-            o = self.prefill_config(q_len, k_len)
+            o = self.prefill_config(q_len, k_len, wide_kernel=wide_kernel)
             return TileSchedule(o, tile_runs(self.prefill_pattern, q_len, k_len, o.block_m, o.block_n,
                                              k_len - q_len))
 
-        return self.schedules.get((q_len, k_len), make)
+        return self.schedules.get((q_len, k_len, wide_kernel), make)
 
     # --- description ---------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:

@@ -167,6 +167,15 @@ class TritonPrinter(Printer):
         return f"tl.load({ref.arg} + {idx}, mask={guard}, other=0)"
 
 
+class GluonPrinter(Printer):
+    """Triton's Gluon dialect (the Hopper prefill kernel): `gl.where`; no tables (the prefill
+    predicate reads none)."""
+    name = "gluon"
+
+    def where(self, c: str, a: str, b: str) -> str:
+        return f"gl.where({c}, {a}, {b})"
+
+
 class TorchPrinter(Printer):
     name = "torch"
 
@@ -221,7 +230,7 @@ class CppPrinter(Printer):
         return f"const auto {name} = {text};"
 
 
-PRINTERS: dict[str, Printer] = {p.name: p for p in (TritonPrinter(), TorchPrinter(), CppPrinter())}
+PRINTERS: dict[str, Printer] = {p.name: p for p in (TritonPrinter(), GluonPrinter(), TorchPrinter(), CppPrinter())}
 
 
 def printer_for(dialect: str) -> Printer:

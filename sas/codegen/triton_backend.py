@@ -43,7 +43,7 @@ if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "4"
+TEMPLATE_VERSION = "5"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -170,7 +170,7 @@ def wide_tiles_pay(pattern, q_len: int, k_len: int, per_block: float) -> bool:
     return tiles_per_block(pattern, q_len, k_len, 128, 128) * 128 <= 1.15 * per_block * 64
 
 
-def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> PrefillOptions:
+def auto_prefill_options(pattern, q_len: int, k_len: int | None = None, *, wide_kernel: bool = False) -> PrefillOptions:
     """The prefill configuration for this pattern and length (a decision fitted to H100
     measurements of the six Table-1 patterns at 16K, bf16, head dim 128):
 
@@ -180,11 +180,18 @@ def auto_prefill_options(pattern, q_len: int, k_len: int | None = None) -> Prefi
     tiles with 8 warps for near-dense rows (>= 64 tiles of 64 x 64 per query block on average:
     fully causal at 8K and more ran 7-10% faster so on H100 and H200, 2026-11-23). Tile counts
     are exact up to 256 query blocks and estimated on 16 evenly spaced windows of 16 beyond.
+
+    `wide_kernel`: the warp-specialized Gluon kernel runs these 128-row tiles (Hopper, 16-bit
+    inputs, head dim 64 or 128; the generated module's `gluon_ok`). It also takes 128 x 128
+    tiles where `wide_tiles_pay` (windows, streaming-LLM, fully causal from 2K: 7-28% faster
+    than the 64-row Triton tiles on H100, 2026-11-27, docs/benchmarks.md "Gluon prefill").
     """
     k_len = q_len if k_len is None else k_len
     per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
     if narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 8:
         return PrefillOptions(64, 32, 4, 3)
+    if wide_kernel and wide_tiles_pay(pattern, q_len, k_len, per_block):
+        return PrefillOptions(128, 128, 8, 3)
     if per_block >= 64:
         return PrefillOptions(128, 128, 8, 3)
     return PrefillOptions(64, 64, 4, 3)
@@ -266,6 +273,7 @@ def render_prefill(pattern, options: PrefillOptions = PrefillOptions()) -> str:
         )
     key = _digest(pattern_key(pattern), asdict(options), TEMPLATE_VERSION)[:12]
     predicate = lower_predicate(pattern, "qi", "kj")
+    gluon_predicate = lower_predicate(pattern, "qi", "kj", dialect="gluon")
     torch_predicate = lower_predicate(pattern, "i", "j", dialect="torch")
     src = pattern.predicate_source()
     return _render(
@@ -276,6 +284,7 @@ def render_prefill(pattern, options: PrefillOptions = PrefillOptions()) -> str:
         predicate_source=_one_line(src),
         predicate_literal=repr(src),
         predicate=predicate,
+        gluon_predicate=gluon_predicate,
         torch_predicate=torch_predicate,
         block_m=options.block_m,
         block_n=options.block_n,

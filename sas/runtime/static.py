@@ -20,6 +20,10 @@ from sas.runtime.executor import register_backend
 from sas.runtime.tiles import runs_tensors
 
 
+#: the tiles of the Hopper Gluon prefill (`wide_kernel`)
+WIDE_TILES = PrefillOptions(128, 128, 8, 3)
+
+
 def interpreting() -> bool:
     """True when Triton kernels run on the CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -69,23 +73,35 @@ class TritonRuntime:
         return mod
 
     # --- prefill -----------------------------------------------------------------------------
-    def tile_tensors(self, q_len: int, k_len: int, device: torch.device) -> tuple:
-        """(options, full_rowptr, full_cols, part_rowptr, part_cols, order) for this length."""
-        key = (q_len, k_len, str(device))
+    def tile_tensors(self, q_len: int, k_len: int, device: torch.device, *, wide_kernel: bool = False) -> tuple:
+        """(options, full_rowptr, full_cols, part_rowptr, part_cols, order) for this length
+        (`wide_kernel`: see `wide_kernel`)."""
+        key = (q_len, k_len, str(device), wide_kernel)
         hit = self._tiles.get(key)
         if hit is not None:
             self._tiles.move_to_end(key)
             return hit
-        sched = self.plan.schedule(q_len, k_len)
+        sched = self.plan.schedule(q_len, k_len, wide_kernel=wide_kernel)
         out = (sched.options,) + runs_tensors(sched.runs, device)
         self._tiles[key] = out
         while len(self._tiles) > 16:
             self._tiles.popitem(last=False)
         return out
 
+    def wide_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether the Gluon kernel (Hopper, 128-row tiles) can run this prefill: the automatic
+        tile choice then also takes 128 x 128 tiles where they pay (`auto_prefill_options`)."""
+        if interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+            return False  # decided before any module is rendered
+        return bool(self.prefill_module(WIDE_TILES).gluon_ok(q, k, v, WIDE_TILES.block_m, WIDE_TILES.block_n))
+
+    def prefill_tiles(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """`tile_tensors` for the prefill of these tensors (the tiles `prefill` uses)."""
+        return self.tile_tensors(q.shape[2], k.shape[2], q.device, wide_kernel=self.wide_kernel(q, k, v))
+
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         check_triton_tensor("prefill", "q", q)
-        o, fr, fc, pr, pc, order = self.tile_tensors(q.shape[2], k.shape[2], q.device)
+        o, fr, fc, pr, pc, order = self.prefill_tiles(q, k, v)
         return self.prefill_module(o).prefill(q, k, v, fr, fc, pr, pc, order, q_offset=k.shape[2] - q.shape[2],
                                               out=out, block_m=o.block_m, block_n=o.block_n,
                                               num_warps=o.num_warps, num_stages=o.num_stages)
