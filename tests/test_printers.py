@@ -11,7 +11,9 @@ after the decode template gained programmatic dependent launch and a blocks-per-
 every prefill hash and the old decode hashes matching first; once more the same night after
 the decode module's PDL check was cached per device, again after the old hashes matched; and on
 2026-11-27 for six spreads of non-square units analysed per token, whose last uses now fit a
-closed-form ring instead of a table: only their decode hashes changed, every other hash matched)."""
+closed-form ring instead of a table: only their decode hashes changed, every other hash matched;
+and the prefill hashes again on 2026-11-27 (late) after the prefill template gained the Gluon
+kernel, once every prefill and decode hash had matched with the previous template)."""
 
 from __future__ import annotations
 
