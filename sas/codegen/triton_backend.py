@@ -43,7 +43,7 @@ if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "5"
+TEMPLATE_VERSION = "4"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
