@@ -77,6 +77,23 @@ def test_gluon_kernel_compiles_for_hopper():
             assert max(res["spills"]) <= 512, (name, res)
 
 
+def test_gluon_kernel_compiles_for_random_compositions():
+    """Random compositions' predicates (strides, spreads, NOT, nested sums and products) print
+    into Gluon that compiles for sm_90, with ragged keys and row statistics (the heaviest
+    variant)."""
+    paths: list[str] = []
+
+    @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(p=causal_patterns(3).filter(lambda p: not p.dynamics()))
+    def draw(p):
+        paths.append(_gluon_module(p).__file__)
+
+    draw()
+    jobs = [dict(path=f, block_n=128, head_dim=128, even_n=False, store_lse=True) for f in paths]
+    for f, res in zip(paths, compile_in_subprocess(jobs)):
+        assert all(res["ptx_ok"].values()), (f, res)
+
+
 def test_gluon_stages_fit_shared_memory():
     mod = _gluon_module(PATTERNS["causal"])
     for block_n in (64, 128):
