@@ -91,6 +91,8 @@ class TritonRuntime:
     def wide_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """Whether the Gluon kernel (Hopper, 128-row tiles) can run this prefill: the automatic
         tile choice then also takes 128 x 128 tiles where they pay (`auto_prefill_options`)."""
+        if self.plan.prefill_options is not None:  # the caller's tiles: nothing to decide
+            return False
         if interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
             return False  # decided before any module is rendered
         return bool(self.prefill_module(WIDE_TILES).gluon_ok(q, k, v, WIDE_TILES.block_m, WIDE_TILES.block_n))
