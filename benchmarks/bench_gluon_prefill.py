@@ -55,7 +55,8 @@ def main() -> None:
             labels.append(f"sas auto {ao.block_m}x{ao.block_n}")
             errs = {}
             for bn in (128, 64):
-                kern = SASAttnKernel(pattern, max_len=N, prefill_options=PrefillOptions(128, bn, 8, 3))
+                kern = SASAttnKernel(pattern, max_len=N, analysis=auto.runtime.plan.analysis,
+                                     prefill_options=PrefillOptions(128, bn, 8, 3))
                 o, *tiles = kern.runtime.tile_tensors(N, N, dev)
                 mod = kern.runtime.prefill_module(o)
                 kw = dict(block_m=128, block_n=bn, num_warps=8, num_stages=3)
