@@ -148,6 +148,27 @@ def test_gluon_prefill_matches_mask(name, block_n, head_dim, dtype):
 
 
 @hopper_only
+def test_sas_gluon_0_turns_the_gluon_kernel_off(monkeypatch):
+    """SAS_GLUON=0: gluon_ok refuses, `use_gluon=True` says why, and the runtime's automatic
+    tiles drop the wide-kernel rule (64-row Triton tiles for a causal 2K prefill)."""
+    from sas.runtime import SASAttnKernel
+
+    mod = _gluon_module(PATTERNS["sliding_window"])
+    q, k, v = qkv(1, 2, 2, 2048, 128, dtype=torch.bfloat16, device=DEV, seed=5)
+    kern = SASAttnKernel(Causal(), max_len=2048)
+    assert mod.gluon_ok(q, k, v, 128, 128) and kern.runtime.wide_kernel(q, k, v)
+    assert kern.runtime.prefill_tiles(q, k, v)[0] == PrefillOptions(128, 128, 8, 3)
+    monkeypatch.setenv("SAS_GLUON", "0")
+    assert not mod.gluon_ok(q, k, v, 128, 128) and not kern.runtime.wide_kernel(q, k, v)
+    assert kern.runtime.prefill_tiles(q, k, v)[0] == PrefillOptions(64, 64, 4, 3)
+    tiles = mod.build_tiles(2048, 2048, block_m=128, block_n=128, device=DEV)
+    with pytest.raises(ValueError, match="SAS_GLUON=0"):
+        mod.prefill(q, k, v, *tiles, block_m=128, block_n=128, use_gluon=True)
+    out = mod.prefill(q, k, v, *tiles, block_m=128, block_n=128)          # the Triton kernel
+    assert rel_error(out, reference_attention(PATTERNS["sliding_window"], q, k, v)) < TOL[torch.bfloat16]
+
+
+@hopper_only
 def test_gluon_prefill_statistics_and_strided_inputs():
     """The row statistics equal the Triton kernel's, and q in [B, L, H, D] storage reads right."""
     p = PATTERNS["streaming_llm"]

@@ -13,7 +13,9 @@ the decode module's PDL check was cached per device, again after the old hashes 
 2026-11-27 for six spreads of non-square units analysed per token, whose last uses now fit a
 closed-form ring instead of a table: only their decode hashes changed, every other hash matched;
 and the prefill hashes again on 2026-11-27 (late) after the prefill template gained the Gluon
-kernel, once every prefill and decode hash had matched with the previous template)."""
+kernel, once every prefill and decode hash had matched with the previous template; and once more
+on 2026-11-27 (night) after the Gluon kernel's gate learned SAS_GLUON=0, every decode hash
+matching)."""
 
 from __future__ import annotations
 
