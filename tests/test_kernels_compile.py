@@ -201,3 +201,78 @@ def test_compiled_package_on_cpu_tensors_without_the_interpreter_says_so(tmp_pat
     one = q[:, :, :1]
     with pytest.raises(ValueError, match="decode: q is on cpu.*TRITON_INTERPRET=1"):
         attn.decode(one, one, one, kc, vc, 8)
+
+
+def test_compiled_package_carries_the_wide_schedule(tmp_path, monkeypatch):
+    """Where the Gluon kernel's 128 x 128 tiles pay (a 1K window at 4K), plan.pt holds that
+    schedule beside the default one and the report says so; its tiles clipped to a prompt, and
+    the suffix queries' tiles at its block sizes, give the exact attention (the Triton kernel
+    runs them here); the package takes them only where prefill.py's gluon_ok allows the tensors.
+    Block-local (its 64-row tiles win) and caller-fixed tiles keep one schedule."""
+    from sas.runtime import standalone
+
+    window = Diag(0, 1024) * Causal()
+    out = tmp_path / "wide_pkg"
+    rep = compile_pattern(window, out, max_len=4096, head_dim=16, dtype="float32")
+    sched = torch.load(out / "plan.pt", weights_only=True)
+    assert (int(sched["prefill"]["block_m"]), int(sched["prefill"]["block_n"])) == (64, 64)
+    assert (int(sched["prefill_wide"]["block_m"]), int(sched["prefill_wide"]["block_n"])) == (128, 128)
+    assert sched["prefill_wide"]["num_warps"] == 8
+    g = rep["prefill"]["gluon"]
+    assert (g["block_m"], g["block_n"]) == (128, 128) and g["tiles"]["total"] == 32 * 32
+    assert "128 x 128 tiles instead" in (out / "report.md").read_text()
+
+    spec = importlib.util.spec_from_file_location("sas_test_wide_pkg", out / "__init__.py",
+                                                  submodule_search_locations=[str(out)])
+    attn = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sas_test_wide_pkg", attn)
+    spec.loader.exec_module(attn)
+    kern = attn.kernel
+    L, S = 300, 170
+    g_ = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, L, 16, generator=g_).to(DEV) for _ in range(3))
+    ref = reference_attention(window, q, k, v)
+    for lq in (L, L - S):
+        tiles = kern.tiles(lq, L, q.device, wide=True)
+        o = kern.prefill_module.prefill(q[:, :, L - lq:], k, v, *tiles, block_m=128, block_n=128, num_warps=8,
+                                        num_stages=3, use_gluon=False)
+        r = ref[:, :, L - lq:]
+        assert float((o.double().cpu() - r).norm() / r.norm()) < 1e-4, lq
+    assert not kern.wide(q, k, v)                                   # float32: the default schedule
+    calls = []
+    monkeypatch.setattr(kern.prefill_module, "gluon_ok", lambda *a: calls.append(a[3:5]) or True)
+    assert kern.wide(q, k, v) and calls == [(128, 128)]
+
+    for name, kw in (("block_local", {}), ("fixed", {"prefill_options": PrefillOptions(64, 64, 4, 3)})):
+        p = TABLE1_KERNELS["block_local"] if name == "block_local" else window
+        rep = compile_pattern(p, tmp_path / name, max_len=4096, head_dim=16, dtype="float32", **kw)
+        assert "gluon" not in rep["prefill"], name
+        assert "prefill_wide" not in torch.load(tmp_path / name / "plan.pt", weights_only=True), name
+    assert not standalone.StaticKernel(None, None, {"max_len": 4096, "prefill": {}}).wide(q, k, v)
+
+
+@pytest.mark.skipif(DEV != "cuda" or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel runs on compute capability 9.x GPUs only")
+def test_compiled_package_takes_the_wide_schedule_on_hopper(tmp_path, monkeypatch):
+    """On Hopper a compiled 1K window's prefill (bf16, head dim 128) takes the wide schedule and
+    the Gluon kernel, exactly; SAS_GLUON=0 takes the default schedule, exactly too."""
+    window = Diag(0, 1024) * Causal()
+    out = tmp_path / "wide_gpu_pkg"
+    compile_pattern(window, out, max_len=4096, head_dim=128, dtype="bfloat16")
+    spec = importlib.util.spec_from_file_location("sas_test_wide_gpu_pkg", out / "__init__.py",
+                                                  submodule_search_locations=[str(out)])
+    attn = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sas_test_wide_gpu_pkg", attn)
+    spec.loader.exec_module(attn)
+    g = torch.Generator(device=DEV).manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 2500, 128, generator=g, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    ref = reference_attention(window, q, k, v)
+    assert attn.kernel.wide(q, k, v)
+    for env in (None, "0"):
+        if env is not None:
+            monkeypatch.setenv("SAS_GLUON", env)
+            assert not attn.kernel.wide(q, k, v)
+        for lq in (2500, 700):
+            o = attn.prefill(q[:, :, 2500 - lq:], k, v)
+            r = ref[:, :, 2500 - lq:]
+            assert float((o.double().cpu() - r).norm() / r.norm()) < 1e-2, (env, lq)

@@ -177,6 +177,12 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
     sched = plan.schedule(max_len, max_len)
     tables: dict[str, Any] = {"format": standalone.FORMAT, "kind": "static", "max_len": max_len,
                               "causal": plan.can_decode, "prefill": _prefill_tables(sched)}
+    # Where the Gluon kernel runs (Hopper, `gluon_ok`), the runtime takes 128 x 128 tiles also
+    # where they pay (`auto_prefill_options(wide_kernel=True)`): the package carries that
+    # schedule too and its prefill chooses on the device, as `TritonRuntime.prefill_tiles` does.
+    wide = plan.schedule(max_len, max_len, wide_kernel=True) if plan.prefill_options is None else sched
+    if wide.options != sched.options:
+        tables["prefill_wide"] = _prefill_tables(wide)
     plan_bytes = _torch_bytes(tables)
     files: dict[str, str | bytes] = {"__init__.py": _init_source(pattern, False),
                                      "prefill.py": render_prefill(pattern, sched.options), "plan.pt": plan_bytes,
@@ -189,6 +195,9 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
         "prefill": _prefill_report(pattern, sched, len(plan_bytes)),
         "files": ["__init__.py", "prefill.py"],
     }
+    if "prefill_wide" in tables:
+        report["prefill"]["gluon"] = {k: v for k, v in _prefill_report(pattern, wide, len(plan_bytes)).items()
+                                      if k not in ("pattern", "plan_file_bytes")}
     if plan.can_decode:
         analysis = plan.analysis
         do = plan.decode_config(num_heads // num_kv_heads)
@@ -384,7 +393,14 @@ def _tile_lines(r: dict[str, Any]) -> list[str]:
         "",
         f"Launch: num_warps={pre['num_warps']}, num_stages={pre['num_stages']}.",
         "",
-    ]
+    ] + ([] if "gluon" not in pre else [
+        f"Where the Gluon kernel runs (compute capability 9.x, 16-bit q/k/v, head dim 64 or 128; "
+        f"`gluon_ok` in prefill.py, off with SAS_GLUON=0) the prefill takes {pre['gluon']['block_m']} x "
+        f"{pre['gluon']['block_n']} tiles instead ({pre['gluon']['tiles']['full']} full, "
+        f"{pre['gluon']['tiles']['partial']} partial of {pre['gluon']['tiles']['total']}, density "
+        f"{pre['gluon']['density']:.4f}).",
+        "",
+    ])
 
 
 _LOAD_LINES = [

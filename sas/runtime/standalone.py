@@ -26,7 +26,9 @@ first query blocks with the runs clipped to L (`prefix_runs`): exact, since a ti
 only go from partial to empty or full when rows and columns are cut, and partial tiles test the
 mask cell by cell; a full tile of a ragged last key block becomes partial. Queries that are a
 suffix of the keys (Lq < Lk) recompute their tiles from the generated mask predicate on the
-device (`build_tiles` in prefill.py: O(Lq * Lk) evaluations, chunked).
+device (`build_tiles` in prefill.py: O(Lq * Lk) evaluations, chunked). Where 128 x 128 tiles
+pay once the Gluon kernel runs them, `schedule["prefill_wide"]` holds that schedule too; the
+prefill takes it where prefill.py's `gluon_ok` allows the tensors (`StaticKernel.wide`).
 """
 
 from __future__ import annotations
@@ -192,12 +194,22 @@ class StaticKernel:
     def cache_size(self) -> int:
         return int(self._decoder("cache_size").CACHE_SIZE)
 
-    def tiles(self, q_len: int, k_len: int, device: Any) -> tuple[torch.Tensor, ...]:
-        """Tile lists for queries at the last q_len of k_len positions (module doc)."""
-        key = (q_len, k_len, str(device))
+    def wide(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None,
+             lse: torch.Tensor | None = None) -> bool:
+        """Whether this prefill takes the package's wide schedule (`plan.pt["prefill_wide"]`,
+        written where the Gluon kernel's 128 x 128 tiles pay): where prefill.py's `gluon_ok`
+        allows these tensors (Hopper, 16-bit, head dim 64 or 128; SAS_GLUON=0 turns it off)."""
+        w = self.schedule.get("prefill_wide")
+        return w is not None and bool(self.prefill_module.gluon_ok(q, k, v, int(w["block_m"]), int(w["block_n"]),
+                                                                   out, lse))
+
+    def tiles(self, q_len: int, k_len: int, device: Any, wide: bool = False) -> tuple[torch.Tensor, ...]:
+        """Tile lists for queries at the last q_len of k_len positions (module doc); `wide`: of
+        the wide schedule (`wide`)."""
+        key = (q_len, k_len, str(device), wide)
         hit = self._tiles.get(key)
         if hit is None:
-            p = self.schedule["prefill"]
+            p = self.schedule["prefill_wide" if wide else "prefill"]
             if q_len == k_len:
                 r = prefix_runs(p, k_len)
                 hit = tile_tensors(r["full_ptr"], r["full_runs"], r["part_ptr"], r["part_runs"], device)
@@ -217,8 +229,9 @@ class StaticKernel:
         Lq, Lk = q.shape[2], k.shape[2]
         if not 0 < Lq <= Lk <= self.max_len:
             raise ValueError(f"prefill: need 0 < q length ({Lq}) <= k length ({Lk}) <= MAX_LEN ({self.max_len})")
-        p = self.schedule["prefill"]
-        return self.prefill_module.prefill(q, k, v, *self.tiles(Lq, Lk, q.device), out=out, lse=lse,
+        wide = self.wide(q, k, v, out, lse)
+        p = self.schedule["prefill_wide" if wide else "prefill"]
+        return self.prefill_module.prefill(q, k, v, *self.tiles(Lq, Lk, q.device, wide), out=out, lse=lse,
                                            block_m=int(p["block_m"]), block_n=int(p["block_n"]),
                                            num_warps=int(p["num_warps"]), num_stages=int(p["num_stages"]))
 
