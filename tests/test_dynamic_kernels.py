@@ -122,6 +122,33 @@ def test_random_static_plus_h2o(case, refresh, prefill, seed):
           Hkv=1, seed=seed)
 
 
+def test_mha_whole_static_blocks_skip_the_pool_logic():
+    """One query head a KV head (MHA: the attention's CUDA-core loop) in 8-slot blocks over a
+    16-slot static part (sinks + window) and a pool: the first two blocks are whole static
+    blocks, which run `_attend_static_block` (no pool loads, no region test), the rest run
+    `_attend_block`; outputs and held keys equal the plain H2O reference."""
+    static = Diag(0, 12) + Rect(cols=(0, 4)) * Causal()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dynamic_host, "attend_block_n", lambda *args: 8)
+        for prefill in (3, 30):
+            ker = check(static, Causal() * ~static, Dynamic(budget=5), N=48, prefill=prefill, B=2, Hq=2, Hkv=2,
+                        seed=prefill)
+            assert ker.dynamic.cplan.static_size == 16 and ker.dynamic.rt.state.block_n == 8
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=static_plus_h2o(), refresh=st.booleans(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
+def test_random_static_plus_h2o_mha(case, refresh, prefill, seed):
+    """As `test_random_static_plus_h2o` with one query head a KV head (MHA) and 8-slot attention
+    blocks, so that static parts of 8 slots or more also run the MHA loop's whole static
+    blocks (`_attend_static_block`)."""
+    static, budget = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dynamic_host, "attend_block_n", lambda *args: 8)
+        check(static, Causal() * ~static, Dynamic(budget=budget, refresh=refresh), N=26, prefill=prefill, B=1,
+              Hq=2, Hkv=2, seed=seed)
+
+
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=static_plus_h2o(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
 def test_random_static_plus_h2o_with_block_flags_forced(case, prefill, seed):
