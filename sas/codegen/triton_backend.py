@@ -190,10 +190,8 @@ def auto_prefill_options(pattern, q_len: int, k_len: int | None = None, *, wide_
     per_block = tiles_per_block(pattern, q_len, k_len, 64, 64)
     if narrow_tiles_pay(pattern, q_len, k_len, per_block) or per_block < 8:
         return PrefillOptions(64, 32, 4, 3)
-    if wide_kernel and wide_tiles_pay(pattern, q_len, k_len, per_block):
-        return PrefillOptions(128, 128, 8, 3)
-    if per_block >= 64:
-        return PrefillOptions(128, 128, 8, 3)
+    if per_block >= 64 or (wide_kernel and wide_tiles_pay(pattern, q_len, k_len, per_block)):
+        return WIDE_TILES
     return PrefillOptions(64, 64, 4, 3)
 
 
@@ -202,6 +200,11 @@ def _check_launch(num_warps: Any, num_stages: Any, who: str) -> None:
         raise KernelError(f"{who}.num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
     if not isinstance(num_stages, int) or not 1 <= num_stages <= 8:
         raise KernelError(f"{who}.num_stages must be an integer in 1..8, got {num_stages!r}")
+
+
+#: 128 x 128 tiles with 8 warps: near-dense rows, and the tiles of the Hopper Gluon kernel
+#: (`auto_prefill_options(wide_kernel=True)`, `TritonRuntime.wide_kernel`)
+WIDE_TILES = PrefillOptions(128, 128, 8, 3)
 
 
 # --- templates -------------------------------------------------------------------------------

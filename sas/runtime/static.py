@@ -12,16 +12,13 @@ from typing import Any
 
 import torch
 
-from sas.codegen.triton_backend import SUPPORTED_HEAD_DIMS, DecodeOptions, PrefillOptions, decode_module, prefill_module
+from sas.codegen.triton_backend import (SUPPORTED_HEAD_DIMS, WIDE_TILES, DecodeOptions, PrefillOptions, decode_module,
+                                       prefill_module)
 from sas.errors import KernelError
 from sas.plan import Plan
 from sas.runtime import standalone
 from sas.runtime.executor import register_backend
 from sas.runtime.tiles import runs_tensors
-
-
-#: the tiles of the Hopper Gluon prefill (`wide_kernel`)
-WIDE_TILES = PrefillOptions(128, 128, 8, 3)
 
 
 def interpreting() -> bool:
