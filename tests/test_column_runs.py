@@ -287,12 +287,18 @@ def test_strided_diagonals_of_different_residues_build_no_runs():
         analyze((Rect(size=(1, 4)) >> p) * Causal(), 1 << 16)
 
 
+def _strided_sum_shapes():
+    """A strided Rect plus a strided Diag at 4096 (87 column shapes): its pattern, structure and
+    the column shapes built in one pass."""
+    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
+    st = structure(p).within(4096)
+    return p, st, column_shapes(p, st)
+
+
 def test_column_shapes_in_passes_of_about_chunk_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # passes sized from a sample so that each builds about CHUNK_RUNS runs: the same shapes as
     # in one pass, in passes of equal counts of shapes whose runs stay near the target
-    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
-    st = structure(p).within(4096)
-    whole = column_shapes(p, st)
+    p, st, whole = _strided_sum_shapes()
     passes = []
     real = columns_module.line_runs
 
@@ -320,9 +326,7 @@ def test_column_shapes_in_passes_of_about_chunk_runs(monkeypatch: pytest.MonkeyP
 def test_passes_are_sized_from_the_estimate_already_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     # more shapes than a pass: the estimate that guards the runs limit also sizes the passes
     # (one sample of the shapes, not two), and the shapes are the same
-    p = (Rect(stride=(3, 29)) + Diag(0, None, stride=5)) * Causal()
-    st = structure(p).within(4096)
-    whole = column_shapes(p, st)
+    p, st, whole = _strided_sum_shapes()
     samples = []
     real = columns_module._sampled_runs
 
