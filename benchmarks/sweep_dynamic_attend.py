@@ -7,8 +7,10 @@ with the default's, then the CUDA-graph time of the whole step (attention, combi
 update kernels) is taken in turns with the static decode (`paired_ms`) and printed beside the
 floor (static decode + the pool's bytes at the copy bandwidth), one markdown row a pattern.
 
-    python benchmarks/sweep_dynamic_attend.py
+    python benchmarks/sweep_dynamic_attend.py [--cases "GQA@4:openai_strided,openai_fixed;MHA:block_local"]
+        [--blocks 32,64,128] [--splits 2,4,8]
 """
+import argparse
 import sys
 from pathlib import Path
 
@@ -38,15 +40,17 @@ def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int) -> dh.St
     return s2
 
 
-def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: float) -> str:
+def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: float,
+          blocks: tuple[int, ...] | None = None, splits: tuple[int, ...] | None = None) -> str:
     static_step, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
     host = dk.dynamic.rt
     kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
     variants = [("default", st)]
     seen = {(st.block_n, st.num_splits)}
-    for bn in ((32, 64) if cfg == "MHA" else (32, 64, 128)):
+    for bn in blocks or ((32, 64) if cfg == "MHA" else (32, 64, 128)):
         nb = -(-kern.TOTAL // bn)
-        for ns in sorted({max(1, nb // 8), max(1, nb // 4), max(1, nb // 2), nb}):
+        rule = dh.num_splits_for(kern, B, Hkv, block_n=bn, group=Hq // Hkv)
+        for ns in sorted(set(splits) if splits else {max(1, nb // 8), max(1, nb // 4), max(1, nb // 2), nb, rule}):
             s2 = variant_state(kern, st, B, Hq, Hkv, bn, ns)
             if (bn, s2.num_splits) not in seen:        # labelled by the splits it runs (ns rounds)
                 seen.add((bn, s2.num_splits))
@@ -70,20 +74,43 @@ def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: 
     floor = floor_ms(times[0], dk, B, Hkv, bw)
     steps = times[1:]
     best = min(range(len(variants)), key=lambda i: steps[i])
-    return (f"| {cfg} | {name} | {kern.TOTAL} | {agree} | bn{st.block_n}/ns{st.num_splits} {steps[0] * 1e3:.1f} "
+    return (f"| {cfg} b{B} | {name} | {kern.TOTAL} | {agree} | bn{st.block_n}/ns{st.num_splits} {steps[0] * 1e3:.1f} "
             f"({steps[0] / floor:.2f}) | {variants[best][0]} {steps[best] * 1e3:.1f} ({steps[best] / floor:.2f}) | "
             + ", ".join(f"{label} {t * 1e3:.1f}" for (label, _), t in zip(variants, steps)) + " |")
 
 
+def parse_cases(text: str) -> tuple:
+    """`CASES` narrowed to "CFG[@batch]:pattern,pattern;CFG:..." (CFG: MHA or GQA, with CASES'
+    heads and, without @batch, their batch)."""
+    shapes = {cfg: (B, Hq, Hkv) for cfg, B, Hq, Hkv, _ in CASES}
+    out = []
+    for part in filter(None, text.split(";")):
+        head, _, names = part.partition(":")
+        cfg, _, batch = head.partition("@")
+        if cfg not in shapes or not names or (batch and not batch.isdigit()):
+            raise SystemExit(f"--cases: {part!r} is not CFG[@batch]:pattern[,pattern] with CFG one of {sorted(shapes)}")
+        B, Hq, Hkv = shapes[cfg]
+        out.append((cfg, int(batch) if batch else B, Hq, Hkv, tuple(names.split(","))))
+    return tuple(out)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=None, help='e.g. "GQA:openai_strided,openai_fixed;MHA:block_local"')
+    ap.add_argument("--blocks", default=None, help="slot blocks to try, e.g. 32,64,128")
+    ap.add_argument("--splits", default=None, help="split counts to try (each rounded as State rounds it), e.g. 2,4,8")
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_dynamic_attend.py needs an NVIDIA GPU")
+    cases = parse_cases(args.cases) if args.cases else CASES
+    blocks = tuple(int(x) for x in args.blocks.split(",")) if args.blocks else None
+    splits = tuple(int(x) for x in args.splits.split(",")) if args.splits else None
     bw = copy_bandwidth(dev)
     rows = []
-    for cfg, B, Hq, Hkv, names in CASES:
+    for cfg, B, Hq, Hkv, names in cases:
         k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
         for name in names:
-            rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw))
+            rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw, blocks, splits))
             print(rows[-1], flush=True)
             torch.cuda.empty_cache()
     print("| config | pattern | slots | outputs agree | default | best | every variant |")

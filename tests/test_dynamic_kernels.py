@@ -335,6 +335,31 @@ def test_attention_block_follows_heads_dtype_and_shared_memory(monkeypatch):
         assert dynamic_host.attend_block_n(kern, 8, 2, 128, torch.bfloat16, "cuda") == want
 
 
+def test_split_rule_one_wave_for_query_groups():
+    """A query group (tl.dot) with GROUP_ONE_WAVE_FROM or more programs a split takes as many
+    splits as fill one wave of 2 programs an SM; one query row, and a group of fewer programs,
+    keep the rule of at least 2 programs an SM and at most 2 blocks a program (capped at 128).
+    129 blocks of 128 slots (OpenAI-strided at 16K + a 513-slot pool), 132 SMs."""
+    from types import SimpleNamespace
+    kern = SimpleNamespace(TOTAL=16386, BLOCK_N=64)
+
+    def rule(batch, kv_heads, group, block_n=128):
+        return dynamic_host.num_splits_for(kern, batch, kv_heads, block_n=block_n, group=group, num_sms=132)
+
+    assert dynamic_host.GROUP_ONE_WAVE_FROM == 16
+    assert [rule(b, 8, 4) for b in (2, 4, 8, 16, 64)] == [16, 8, 4, 2, 1]          # 264 // (8 b)
+    assert rule(1, 8, 4) == 65                                                       # 8 programs: ceil(129 / 2)
+    assert rule(16, 8, 1) == 65 and rule(64, 8, 1) == 65                             # one row: ceil(129 / 2)
+    assert rule(1, 64, 1, block_n=32) == 128                                         # 513 blocks, the cap
+    assert rule(2, 8, 4, block_n=2048) == 9                                          # no more splits than blocks
+    # the runtime's state: 2 blocks of 128 slots for a group, 6 of 32 for one row
+    mod = SASAttnKernel(Diag(0, 140) + Diag(140, None) * Dynamic(budget=20), max_len=256).dynamic.mod
+    assert -(-mod.TOTAL // 128) == 2 and -(-mod.TOTAL // 32) == 6
+    for (b, h, hk), want in (((70, 8, 2), (128, 1)), ((1, 8, 2), (128, 2)), ((70, 2, 2), (32, 3))):
+        st = dynamic_host.State(mod, b, h, hk, 16, torch.bfloat16, "cpu")
+        assert (st.block_n, st.num_splits) == want, (b, h, hk)
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 def test_caller_held_caches_are_refused_for_dynamic_patterns():

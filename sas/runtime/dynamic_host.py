@@ -54,14 +54,33 @@ def _interpreting_bf16(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
 
 
+#: a query group's attention (`tl.dot`) takes the one-wave split rule of `num_splits_for` from
+#: this many programs a split (batch x KV heads) on
+GROUP_ONE_WAVE_FROM = 16
+
+
 def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_n: int | None = None,
-                   num_sms: int = 132, waves: int = 2, blocks_per_split: int = 2, max_splits: int = 128) -> int:
-    """Splits of the slot range. Fewer slot blocks per program than the static decode kernel:
-    the block-skipping branch stops software pipelining, so memory parallelism comes from more
-    programs instead."""
+                   group: int = 1, num_sms: int = 132, waves: int = 2, blocks_per_split: int = 2,
+                   max_splits: int = 128) -> int:
+    """Splits of the slot range.
+
+    One query row a KV head (`group` 1): fewer slot blocks per program than the static decode
+    kernel, since the block-skipping branch stops software pipelining, so memory parallelism
+    comes from more programs instead (at least `waves` programs an SM, at most
+    `blocks_per_split` blocks a program).
+
+    A query group (`tl.dot`) with at least GROUP_ONE_WAVE_FROM programs a split: as many splits
+    as fill one wave of `waves` programs an SM, no more (H100, 32 / 8 heads, bf16, 128-slot
+    blocks, 16K, Table-1 patterns + H2O: at batch 16 two splits were the fastest step for all
+    six patterns, OpenAI-strided 187 -> 135 us and strided block-local 32 -> 25 against the
+    rule above; likewise at batch 2, 4, 8 and 64; docs/benchmarks.md). Below that (batch 1 x 8
+    KV heads) the rule above stays: there 65 splits beat 33 on OpenAI-strided (26 vs 31 us)."""
     block_n = kernels.BLOCK_N if block_n is None else block_n
     blocks = max(1, -(-kernels.TOTAL // block_n))
-    want = -(-waves * num_sms // max(1, batch * num_kv_heads))
+    programs = max(1, batch * num_kv_heads)
+    if group > 1 and programs >= GROUP_ONE_WAVE_FROM:
+        return max(1, min(blocks, waves * num_sms // programs, max_splits))
+    want = -(-waves * num_sms // programs)
     want = min(max(want, -(-blocks // blocks_per_split)), max_splits)
     return max(1, min(blocks, want))
 
@@ -123,7 +142,9 @@ class State:
         self.skip_flags = uses_flags(kernels, self.block_n)
         self.sflags = torch.ones(max(1, -(-total // kernels.FLAG_N)), dtype=torch.int32, device=device)
         blocks = max(1, -(-total // self.block_n))
-        ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n)
+        dev = torch.device(device)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        ns = num_splits or num_splits_for(kernels, B, Hkv, block_n=self.block_n, group=H // Hkv, num_sms=sms)
         ns = max(1, min(ns, blocks))
         self.split_size = -(-blocks // ns) * self.block_n
         self.num_splits = max(1, -(-total // self.split_size))
@@ -565,5 +586,5 @@ class Runtime:
                 for b in range(B)]
 
 
-__all__ = ["MERGE_MAX_SPLITS", "Runtime", "State", "StepGraph", "attend", "attend_block_n", "merges_after",
+__all__ = ["GROUP_ONE_WAVE_FROM", "MERGE_MAX_SPLITS", "Runtime", "State", "StepGraph", "attend", "attend_block_n", "merges_after",
            "next_power_of_2", "num_splits_for", "step", "top_mask", "update", "uses_flags"]
