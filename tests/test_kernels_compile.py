@@ -276,3 +276,30 @@ def test_compiled_package_takes_the_wide_schedule_on_hopper(tmp_path, monkeypatc
             o = attn.prefill(q[:, :, 2500 - lq:], k, v)
             r = ref[:, :, 2500 - lq:]
             assert float((o.double().cpu() - r).norm() / r.norm()) < 1e-2, (env, lq)
+
+
+def test_compiled_package_passes_the_query_group_to_the_split_rule(tmp_path, monkeypatch):
+    """A package's decode asks its split rule with the query group (q heads // KV heads), and
+    leaves the argument out for a decode module compiled before the rule had one."""
+    out = tmp_path / "group_pkg"
+    compile_pattern(Diag(0, 4) * Causal(), out, max_len=32, head_dim=16, dtype="float32")
+    spec = importlib.util.spec_from_file_location("sas_test_group_pkg", out / "__init__.py",
+                                                  submodule_search_locations=[str(out)])
+    attn = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sas_test_group_pkg", attn)
+    spec.loader.exec_module(attn)
+    mod = attn.kernel._decoder("test")
+    asked = []
+    real = mod.num_splits_for
+
+    def spy(*a, **kw):
+        asked.append(kw.get("group"))
+        return real(*a, **kw)
+    monkeypatch.setattr(mod, "num_splits_for", spy)
+    q, k = torch.randn(2, 4, 1, 16, device=DEV), torch.randn(2, 2, 1, 16, device=DEV)
+    kc, vc = attn.new_cache(2, 2, 16, torch.float32, DEV)
+    attn.decode(q, k, k, kc, vc, 8)
+    monkeypatch.delattr(mod, "GROUP_ONE_WAVE_FROM")
+    monkeypatch.setattr(mod, "num_splits_for", lambda *a, **kw: asked.append(sorted(kw)) or real(*a, **kw))
+    attn.decode(q, k, k, kc, vc, 9)
+    assert asked == [2, ["num_sms"]]

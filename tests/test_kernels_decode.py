@@ -382,6 +382,33 @@ def test_split_count_follows_the_decode_options():
     assert kern.plan.decode_config(4).blocks_per_split == 4         # query groups keep 64-slot blocks
 
 
+def test_split_count_of_query_groups_is_one_wave(monkeypatch):
+    """A query group with GROUP_ONE_WAVE_FROM (16) or more programs a split (batch x KV heads)
+    takes one wave of WAVES (2) programs an SM, at least 2 splits, no more than its blocks;
+    with fewer programs, or one query head a KV head, the blocks-per-split rule stays. The
+    runtime passes the group (q heads // KV heads) on."""
+    kern = SASAttnKernel((Diag(0, 1024) + sas.Rect(cols=(0, 32))) * sas.Causal(), max_len=16384)
+    o = kern.plan.decode_config(4)
+    mod = kern.runtime.decode_module(o)
+    assert (o.block_n, o.waves, o.blocks_per_split, mod.GROUP_ONE_WAVE_FROM) == (64, 2, 4, 16)   # 17 blocks
+
+    def rule(batch, kv_heads, group):
+        return mod.num_splits_for(batch, kv_heads, num_sms=132, group=group)
+    assert [rule(b, 8, 4) for b in (2, 4, 8, 16, 64)] == [16, 8, 4, 2, 2]      # 264 // (8 b), at least 2
+    assert rule(1, 8, 4) == 17 and rule(1, 8, 1) == 17                        # 8 programs: ceil(264 / 8), capped
+    assert rule(16, 8, 1) == 5 and rule(64, 8, 1) == 5                        # one row: ceil(17 / 4)
+    assert rule(1, 16, 4) == 16 and mod.num_splits_for(2, 8, cache_size=640, num_sms=132, group=4) == 10
+    cpu = torch.device("cpu")                                                # (4 "SMs" there)
+    assert kern.runtime.splits(mod, o, 16, 8, cpu, 4) == 2 and kern.runtime.splits(mod, o, 16, 8, cpu) == 5
+    small = SASAttnKernel(Diag(0, 8) * sas.Causal(), max_len=32)
+    seen = []
+    monkeypatch.setattr(small.runtime, "splits", lambda *a, **kw: seen.append(a[5:]) or 1)
+    q, k = torch.zeros(3, 8, 1, 16), torch.zeros(3, 2, 1, 16)
+    kc, vc = small.new_cache(3, 2, 16, torch.float32)
+    small.runtime.decode(q, k, k, kc, vc, 5)
+    assert seen == [(4,)]
+
+
 @pytest.mark.parametrize("pattern, options", [
     ((sas.Rect(size=(128, 128)) >> Diag(0, 3)) * sas.Causal(), DecodeOptions(block_n=32, waves=3, blocks_per_split=6)),
     ((Diag(0, 1024) + sas.Rect(cols=(0, 32))) * sas.Causal(), DecodeOptions(block_n=32, blocks_per_split=6)),

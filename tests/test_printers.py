@@ -15,7 +15,9 @@ closed-form ring instead of a table: only their decode hashes changed, every oth
 and the prefill hashes again on 2026-11-27 (late) after the prefill template gained the Gluon
 kernel, once every prefill and decode hash had matched with the previous template; and once more
 on 2026-11-27 (night) after the Gluon kernel's gate learned SAS_GLUON=0, every decode hash
-matching)."""
+matching; and the decode hashes later that night after the decode module's split rule gained
+the query groups' one-wave rule (GROUP_ONE_WAVE_FROM), every hash of the previous template
+matching first and every prefill hash unchanged)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,9 @@ class DecodeOptions:
     num_stages: int = 2
     #: programs per SM the split count aims for
     waves: int = 2
-    #: at most about this many slot blocks per program: a longer cache gets more splits
+    #: at most about this many slot blocks per program: a longer cache gets more splits (not
+    #: for a query group of 16 or more programs a split (batch x KV heads): that takes one wave
+    #: of `waves` programs an SM, at least 2 splits; the module's GROUP_ONE_WAVE_FROM)
     blocks_per_split: int = 4
     #: use tl.dot (query rows padded to 16) also when each kv head serves one query head
     mha_dot: bool = False

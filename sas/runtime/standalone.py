@@ -265,7 +265,9 @@ class StaticKernel:
         if not 0 <= position < self.max_len:
             raise ValueError(f"decode: position must be in 0..{self.max_len - 1}, got {position}")
         if num_splits is None:
-            num_splits = mod.num_splits_for(q.shape[0], k.shape[1], num_sms=num_sms(q.device))
+            # (a package compiled before the query groups' rule has no GROUP_ONE_WAVE_FROM)
+            group = {"group": q.shape[1] // k.shape[1]} if hasattr(mod, "GROUP_ONE_WAVE_FROM") else {}
+            num_splits = mod.num_splits_for(q.shape[0], k.shape[1], num_sms=num_sms(q.device), **group)
         slot_keys = self._held(position, q.device) if self._held is not None else None
         return mod.decode(q, k, v, k_cache, v_cache, position, out=out, num_splits=num_splits, slot_keys=slot_keys,
                           pdl=pdl)

@@ -116,18 +116,19 @@ class TritonRuntime:
         self.decode_module().fill_cache(k, v, past_k, past_v)
 
     # --- decode --------------------------------------------------------------------------------
-    def splits(self, mod: ModuleType, o: DecodeOptions, batch: int, num_kv_heads: int, device: torch.device) -> int:
+    def splits(self, mod: ModuleType, o: DecodeOptions, batch: int, num_kv_heads: int, device: torch.device,
+               group: int = 1) -> int:
         if self.num_splits is not None:
             return self.num_splits
         return mod.num_splits_for(batch, num_kv_heads, num_sms=standalone.num_sms(device), block_n=o.block_n,
-                                  waves=o.waves, blocks_per_split=o.blocks_per_split)
+                                  waves=o.waves, blocks_per_split=o.blocks_per_split, group=group)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
                position: int, out: torch.Tensor | None = None) -> torch.Tensor:
         check_triton_tensor("decode", "q", q)
         o = self.plan.decode_config(q.shape[1] // k.shape[1])
         mod = self.decode_module(o)
-        splits = self.splits(mod, o, q.shape[0], k.shape[1], q.device)
+        splits = self.splits(mod, o, q.shape[0], k.shape[1], q.device, q.shape[1] // k.shape[1])
         slot_keys = None
         if mod.HELD_KEYS:
             held = self._held.get(o)
