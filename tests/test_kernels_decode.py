@@ -407,6 +407,11 @@ def test_split_count_of_query_groups_is_one_wave(monkeypatch):
     kc, vc = small.new_cache(3, 2, 16, torch.float32)
     small.runtime.decode(q, k, k, kc, vc, 5)
     assert seen == [(4,)]
+    mod_s = small.runtime.decode_module(small.plan.decode_config(4))        # the module's own default too
+    real = mod_s.num_splits_for
+    monkeypatch.setattr(mod_s, "num_splits_for", lambda *a, **kw: seen.append(kw.get("group")) or real(*a, **kw))
+    mod_s.decode(q, k, k, kc, vc, 6)
+    assert seen == [(4,), 4]
 
 
 @pytest.mark.parametrize("pattern, options", [
