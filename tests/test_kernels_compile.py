@@ -31,6 +31,16 @@ def load(path, name):
     return mod
 
 
+def import_package(out, name, monkeypatch):
+    """The compiled package in folder `out` imported as module `name` (its submodules load
+    relative to it; sys.modules restored after the test)."""
+    spec = importlib.util.spec_from_file_location(name, out / "__init__.py", submodule_search_locations=[str(out)])
+    attn = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, attn)
+    spec.loader.exec_module(attn)
+    return attn
+
+
 def test_compile_writes_standalone_modules_and_report(tmp_path):
     out = tmp_path / "build"
     rep = compile_pattern(STREAMING, out, max_len=64, head_dim=64, dtype="float32",
@@ -187,11 +197,7 @@ def test_compiled_package_on_cpu_tensors_without_the_interpreter_says_so(tmp_pat
     on, with a message naming TRITON_INTERPRET=1 (instead of Triton's "0 active drivers")."""
     out = tmp_path / "cpu_pkg"
     compile_pattern(Diag(0, 4) * Causal(), out, max_len=32, head_dim=16, dtype="float32")
-    spec = importlib.util.spec_from_file_location("sas_test_cpu_pkg", out / "__init__.py",
-                                                  submodule_search_locations=[str(out)])
-    attn = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "sas_test_cpu_pkg", attn)
-    spec.loader.exec_module(attn)
+    attn = import_package(out, "sas_test_cpu_pkg", monkeypatch)
     q = torch.randn(1, 1, 8, 16)
     kc, vc = attn.new_cache(1, 1, 16, torch.float32, "cpu")
     attn.fill_cache(q, q, kc, vc)                    # torch only: fine on the CPU either way
@@ -222,11 +228,7 @@ def test_compiled_package_carries_the_wide_schedule(tmp_path, monkeypatch):
     assert (g["block_m"], g["block_n"]) == (128, 128) and g["tiles"]["total"] == 32 * 32
     assert "128 x 128 tiles instead" in (out / "report.md").read_text()
 
-    spec = importlib.util.spec_from_file_location("sas_test_wide_pkg", out / "__init__.py",
-                                                  submodule_search_locations=[str(out)])
-    attn = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "sas_test_wide_pkg", attn)
-    spec.loader.exec_module(attn)
+    attn = import_package(out, "sas_test_wide_pkg", monkeypatch)
     kern = attn.kernel
     L, S = 300, 170
     g_ = torch.Generator().manual_seed(1)
@@ -259,11 +261,7 @@ def test_compiled_package_takes_the_wide_schedule_on_hopper(tmp_path, monkeypatc
     window = Diag(0, 1024) * Causal()
     out = tmp_path / "wide_gpu_pkg"
     compile_pattern(window, out, max_len=4096, head_dim=128, dtype="bfloat16")
-    spec = importlib.util.spec_from_file_location("sas_test_wide_gpu_pkg", out / "__init__.py",
-                                                  submodule_search_locations=[str(out)])
-    attn = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "sas_test_wide_gpu_pkg", attn)
-    spec.loader.exec_module(attn)
+    attn = import_package(out, "sas_test_wide_gpu_pkg", monkeypatch)
     g = torch.Generator(device=DEV).manual_seed(2)
     q, k, v = (torch.randn(1, 4, 2500, 128, generator=g, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     ref = reference_attention(window, q, k, v)
@@ -283,11 +281,7 @@ def test_compiled_package_passes_the_query_group_to_the_split_rule(tmp_path, mon
     leaves the argument out for a decode module compiled before the rule had one."""
     out = tmp_path / "group_pkg"
     compile_pattern(Diag(0, 4) * Causal(), out, max_len=32, head_dim=16, dtype="float32")
-    spec = importlib.util.spec_from_file_location("sas_test_group_pkg", out / "__init__.py",
-                                                  submodule_search_locations=[str(out)])
-    attn = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "sas_test_group_pkg", attn)
-    spec.loader.exec_module(attn)
+    attn = import_package(out, "sas_test_group_pkg", monkeypatch)
     mod = attn.kernel._decoder("test")
     asked = []
     real = mod.num_splits_for
