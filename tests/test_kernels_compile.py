@@ -282,7 +282,7 @@ def test_compiled_package_passes_the_query_group_to_the_split_rule(tmp_path, mon
     out = tmp_path / "group_pkg"
     compile_pattern(Diag(0, 4) * Causal(), out, max_len=32, head_dim=16, dtype="float32")
     attn = import_package(out, "sas_test_group_pkg", monkeypatch)
-    mod = attn.kernel._decoder("test")
+    mod = attn.kernel.decode_module
     asked = []
     real = mod.num_splits_for
 

@@ -126,9 +126,10 @@ class TritonRuntime:
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
                position: int, out: torch.Tensor | None = None) -> torch.Tensor:
         check_triton_tensor("decode", "q", q)
-        o = self.plan.decode_config(q.shape[1] // k.shape[1])
+        group = q.shape[1] // k.shape[1]
+        o = self.plan.decode_config(group)
         mod = self.decode_module(o)
-        splits = self.splits(mod, o, q.shape[0], k.shape[1], q.device, q.shape[1] // k.shape[1])
+        splits = self.splits(mod, o, q.shape[0], k.shape[1], q.device, group)
         slot_keys = None
         if mod.HELD_KEYS:
             held = self._held.get(o)
