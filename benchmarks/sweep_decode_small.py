@@ -42,6 +42,8 @@ def main() -> None:
                                               "set to each of these, e.g. 4,8,16")
     ap.add_argument("--skip", default=None, choices=("none", "mask", "flags"),
                     help="DecodeOptions.skip_mode of every --configs variant (default: the pattern's)")
+    ap.add_argument("--mha-dot", action="store_true",
+                    help="the --configs variants of a one-query-head group use tl.dot (DecodeOptions.mha_dot)")
     ap.add_argument("--configs", default="64,4,2;64,8,2;64,4,3;128,8,2;32,4,2",
                     help="block_n,num_warps,num_stages[,waves];...")
     args = ap.parse_args()
@@ -91,7 +93,8 @@ def main() -> None:
         for cfg in filter(None, args.configs.split(";")):
             bn, w, st, *wv = map(int, cfg.split(","))
             opts = dataclasses.replace(default_cfg, block_n=bn, num_warps=w, num_stages=st,
-                                       waves=wv[0] if wv else default_cfg.waves, skip_mode=args.skip)
+                                       waves=wv[0] if wv else default_cfg.waves, skip_mode=args.skip,
+                                       mha_dot=args.mha_dot or default_cfg.mha_dot)
             kern = SASAttnKernel(load_pattern(name), max_len=N, decode_options=opts)
             mod = kern.runtime.decode_module(opts)
             for sp in args.splits.split(","):
@@ -105,6 +108,7 @@ def main() -> None:
                         mod.decode(qd, kd, vd, kc, vc, N - 1, out=out, num_splits=n_sp, block_n=bn, num_warps=w,
                                    num_stages=st, use_dot=(H > Hkv) or opts.mha_dot, fused_combine=fused, pdl=args.pdl)
                     label = (f"bn={bn} w={w} st={st}{f' waves={wv[0]}' if wv else ''} splits={sp}"
+                             f"{' dot' if opts.mha_dot and H == Hkv else ''}"
                              f"{' fused' if fused else ''}{f' skip={args.skip}' if args.skip else ''}")
                     try:
                         step()
