@@ -384,27 +384,32 @@ def test_split_count_follows_the_decode_options():
 
 def test_split_count_of_query_groups_is_one_wave(monkeypatch):
     """A query group with GROUP_ONE_WAVE_FROM (16) or more programs a split (batch x KV heads)
-    takes one wave of WAVES (2) programs an SM, at least 2 splits, no more than its blocks;
-    with fewer programs, or one query head a KV head, the blocks-per-split rule stays. The
-    runtime passes the group (q heads // KV heads) on."""
+    takes one wave of WAVES (2) programs an SM, at least 2 splits, no more than its blocks; one
+    split where those programs fill more than half of the SMs, at most one an SM, each reading
+    at most GROUP_ONE_SPLIT_BLOCKS (24) slot blocks; with fewer programs, or one query head a
+    KV head, the blocks-per-split rule stays. The runtime passes the group (q heads // KV
+    heads) on."""
     kern = SASAttnKernel((Diag(0, 1024) + sas.Rect(cols=(0, 32))) * sas.Causal(), max_len=16384)
     o = kern.plan.decode_config(4)
     mod = kern.runtime.decode_module(o)
-    assert (o.block_n, o.waves, o.blocks_per_split, mod.GROUP_ONE_WAVE_FROM) == (64, 2, 4, 16)   # 17 blocks
+    assert (o.block_n, o.num_stages, o.waves, o.blocks_per_split) == (64, 3, 2, 4)   # 17 blocks
+    assert (mod.GROUP_ONE_WAVE_FROM, mod.GROUP_ONE_SPLIT_BLOCKS) == (16, 24)
 
-    def rule(batch, kv_heads, group):
-        return mod.num_splits_for(batch, kv_heads, num_sms=132, group=group)
-    assert [rule(b, 8, 4) for b in (2, 4, 8, 16, 64)] == [16, 8, 4, 2, 2]      # 264 // (8 b), at least 2
+    def rule(batch, kv_heads, group, cache_size=mod.CACHE_SIZE):
+        return mod.num_splits_for(batch, kv_heads, cache_size=cache_size, num_sms=132, group=group)
+    assert [rule(b, 8, 4) for b in (2, 4, 8, 16, 64)] == [16, 8, 4, 1, 2]      # 264 // (8 b), at least 2; 128: one
+    assert [rule(b, 8, 4, 2272) for b in (4, 8, 16, 32, 64)] == [8, 4, 2, 2, 2]  # 36 blocks: never one
+    assert [rule(1, h, 4) for h in (66, 67, 132, 133)] == [4, 1, 1, 2]        # one split for 67-132 programs
     assert rule(1, 8, 4) == 17 and rule(1, 8, 1) == 17                        # 8 programs: ceil(264 / 8), capped
     assert rule(16, 8, 1) == 5 and rule(64, 8, 1) == 5                        # one row: ceil(17 / 4)
-    assert rule(1, 16, 4) == 16 and mod.num_splits_for(2, 8, cache_size=640, num_sms=132, group=4) == 10
+    assert rule(1, 16, 4) == 16 and rule(2, 8, 4, 320) == 5                   # no more splits than blocks
     cpu = torch.device("cpu")                                                # (4 "SMs" there)
     assert kern.runtime.splits(mod, o, 16, 8, cpu, 4) == 2 and kern.runtime.splits(mod, o, 16, 8, cpu) == 5
     small = SASAttnKernel(Diag(0, 8) * sas.Causal(), max_len=32)
     seen = []
     monkeypatch.setattr(small.runtime, "splits", lambda *a, **kw: seen.append(a[5:]) or 1)
-    q, k = torch.zeros(3, 8, 1, 16), torch.zeros(3, 2, 1, 16)
-    kc, vc = small.new_cache(3, 2, 16, torch.float32)
+    q, k = torch.zeros(3, 8, 1, 16, device=DEV), torch.zeros(3, 2, 1, 16, device=DEV)
+    kc, vc = small.new_cache(3, 2, 16, torch.float32, DEV)
     small.runtime.decode(q, k, k, kc, vc, 5)
     assert seen == [(4,)]
     mod_s = small.runtime.decode_module(small.plan.decode_config(4))        # the module's own default too

@@ -17,7 +17,10 @@ kernel, once every prefill and decode hash had matched with the previous templat
 on 2026-11-27 (night) after the Gluon kernel's gate learned SAS_GLUON=0, every decode hash
 matching; and the decode hashes later that night after the decode module's split rule gained
 the query groups' one-wave rule (GROUP_ONE_WAVE_FROM), every hash of the previous template
-matching first and every prefill hash unchanged)."""
+matching first and every prefill hash unchanged; and on 2026-11-28 after the decode kernel took
+the new token's slot out of its slot loop (one online-softmax column after the loop) and the
+query groups' split rule gained one split for a single wave, once every hash of the previous
+template had matched, every prefill hash unchanged)."""
 
 from __future__ import annotations
 

@@ -392,12 +392,18 @@ def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
     batch 1; `benchmarks/sweep_decode_small.py`). With 32-slot blocks, at most about 6 blocks a
     program (192 slots) rather than 4: faster in 16 of 18 H100 cases (streaming-LLM, OpenAI
     fixed and strided at 2K and 16K, batch 1, 4, 16: up to 17% at batch 1, 34% for
-    openai-strided at batch 16), 6% slower for openai-strided at 2K batch 1."""
+    openai-strided at batch 16), 6% slower for openai-strided at 2K batch 1. Query groups
+    (tl.dot) pipeline 3 stages deep: H100, 32 / 8 heads, batch 16, 16K, with the new token's
+    column after the slot loop: 2272 slots 58.4 us at 2 splits (2 stages: 62.3, 58.9 at 3
+    splits), 1024 / 1056 slots 28.2 / 30.2 us at one split against 29.9 / 31.3 for 2 stages at
+    their best split count (2026-11-28, `benchmarks/results/2026-11-28-h100-decode-new-column-ab.md`)."""
     C = int(analysis.cache_size)
     if group == 1 and 128 < C <= 512:
         return DecodeOptions(block_n=32, waves=3, blocks_per_split=6)
     if group == 1 and C > 128 and C % 64:
         return DecodeOptions(block_n=32, blocks_per_split=6)
+    if group > 1:
+        return DecodeOptions(num_stages=3)
     return DecodeOptions()
 
 
