@@ -129,6 +129,8 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_decode_tma.py needs an NVIDIA GPU (tensor descriptors: compute capability 9+)")
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     bw = copy_bandwidth(dev)
