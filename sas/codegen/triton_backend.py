@@ -81,7 +81,9 @@ class DecodeOptions:
     waves: int = 2
     #: at most about this many slot blocks per program: a longer cache gets more splits (not
     #: for a query group of 16 or more programs a split (batch x KV heads): that takes one wave
-    #: of `waves` programs an SM, at least 2 splits; the module's GROUP_ONE_WAVE_FROM)
+    #: of `waves` programs an SM, at least 2 splits, or one split where one split's programs
+    #: fill over half of the SMs, at most one an SM, each with at most 24 blocks; the module's
+    #: GROUP_ONE_WAVE_FROM and GROUP_ONE_SPLIT_BLOCKS)
     blocks_per_split: int = 4
     #: use tl.dot (query rows padded to 16) also when each kv head serves one query head
     mha_dot: bool = False
