@@ -157,14 +157,16 @@ class Plan:
         return self.prefill_options or auto_prefill_options(self.prefill_pattern, q_len, k_len,
                                                             wide_kernel=wide_kernel)
 
-    def decode_config(self, group: int = 1) -> DecodeOptions:
+    def decode_config(self, group: int = 1, dtype: Any = None) -> DecodeOptions:
         """The caller's decode options, or the automatic choice for `group` query heads per KV head
-        (static patterns; the dynamic kernels choose their own blocks)."""
+        and `dtype` (None: the plan's, else bfloat16) (static patterns; the dynamic kernels
+        choose their own blocks)."""
         self.require_decode("decode_config")
         if self.decode_options is not None:
             return self.decode_options
         a = self.analysis if self.analysis is not None else self.dynamic.static_analysis
-        return auto_decode_options(a, group) if a is not None else DecodeOptions()
+        elem_bytes = DTYPES[dtype_name(dtype if dtype is not None else self.dtype or "bfloat16")]
+        return auto_decode_options(a, group, elem_bytes) if a is not None else DecodeOptions()
 
     def schedule(self, q_len: int, k_len: int | None = None, *, wide_kernel: bool = False) -> TileSchedule:
         """Prefill options and tile runs for queries at the last `q_len` of `k_len` positions

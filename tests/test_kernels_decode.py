@@ -382,6 +382,31 @@ def test_split_count_follows_the_decode_options():
     assert kern.plan.decode_config(4).blocks_per_split == 4         # query groups keep 64-slot blocks
 
 
+def test_fp32_query_groups_keep_two_stages(monkeypatch):
+    """Query groups pipeline their slot loop 3 stages deep in 2-byte dtypes, 2 in fp32 (3 would
+    need more shared memory than sm_86 / sm_89 GPUs have): the plan's automatic options follow
+    the dtype asked for (else the plan's, else bfloat16), and the module's own default caps fp32
+    at FP32_MAX_STAGES. Explicit options are kept."""
+    from sas.plan import make_plan
+    pattern = (Diag(0, 64) + sas.Rect(cols=(0, 4))) * sas.Causal()
+    kern = SASAttnKernel(pattern, max_len=256)
+    assert [kern.plan.decode_config(4, dt).num_stages for dt in (None, torch.float16, torch.float32)] == [3, 3, 2]
+    assert kern.plan.decode_config(1).num_stages == 2
+    assert make_plan(pattern, 256, dtype="float32").decode_config(4).num_stages == 2
+    assert make_plan(pattern, 256, dtype="float32", decode_options=DecodeOptions(num_stages=3)) \
+        .decode_config(4).num_stages == 3
+    mod = kern.runtime.decode_module(kern.plan.decode_config(4))
+    assert (mod.NUM_STAGES, mod.FP32_MAX_STAGES) == (3, 2)
+    seen = []
+    monkeypatch.setattr(mod, "_launch", lambda kernel, grid, key, args, consts, tensors:
+                        seen.append(consts["num_stages"]) if "SPLIT_SIZE" in consts else None)
+    for dt, stages in ((torch.float32, None), (torch.float16, None), (torch.float32, 3)):
+        q, k = torch.zeros(1, 8, 1, 16, dtype=dt), torch.zeros(1, 2, 1, 16, dtype=dt)
+        kc, vc = kern.new_cache(1, 2, 16, dt)
+        mod.decode(q, k, k, kc, vc, 5, num_splits=1, num_stages=stages)
+    assert seen == [2, 3, 3]
+
+
 def test_split_count_of_query_groups_is_one_wave(monkeypatch):
     """A query group with GROUP_ONE_WAVE_FROM (16) or more programs a split (batch x KV heads)
     takes one wave of WAVES (2) programs an SM, at least 2 splits, no more than its blocks; one

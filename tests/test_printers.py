@@ -20,7 +20,8 @@ the query groups' one-wave rule (GROUP_ONE_WAVE_FROM), every hash of the previou
 matching first and every prefill hash unchanged; and on 2026-11-28 after the decode kernel took
 the new token's slot out of its slot loop (one online-softmax column after the loop) and the
 query groups' split rule gained one split for a single wave, once every hash of the previous
-template had matched, every prefill hash unchanged)."""
+template had matched, every prefill hash unchanged; and again the same night after the module's
+`decode` capped fp32 at FP32_MAX_STAGES by default, the previous hashes matching first)."""
 
 from __future__ import annotations
 

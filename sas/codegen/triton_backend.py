@@ -381,7 +381,7 @@ def render_decode(analysis, options: DecodeOptions = DecodeOptions()) -> str:
     )
 
 
-def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
+def auto_decode_options(analysis, group: int = 1, elem_bytes: int = 2) -> DecodeOptions:
     """The decode configuration (a decision fitted to H100 measurements of the six Table-1
     patterns at 2K-16K, bf16, head dim 128, 64 heads batch 1 and 32/8 heads batch 16):
     64-slot blocks, 4 warps, 2 stages, splits for about 2 programs per SM, separate combine
@@ -398,13 +398,15 @@ def auto_decode_options(analysis, group: int = 1) -> DecodeOptions:
     (tl.dot) pipeline 3 stages deep: H100, 32 / 8 heads, batch 16, 16K, with the new token's
     column after the slot loop: 2272 slots 58.4 us at 2 splits (2 stages: 62.3, 58.9 at 3
     splits), 1024 / 1056 slots 28.2 / 30.2 us at one split against 29.9 / 31.3 for 2 stages at
-    their best split count (2026-11-28, `benchmarks/results/2026-11-28-h100-decode-new-column-ab.md`)."""
+    their best split count (2026-11-28, `benchmarks/results/2026-11-28-h100-decode-new-column-ab.md`).
+    fp32 (`elem_bytes` 4) keeps 2 stages: 3 would need 143 KB of shared memory a program at head
+    dim 128, more than sm_86 / sm_89 GPUs have."""
     C = int(analysis.cache_size)
     if group == 1 and 128 < C <= 512:
         return DecodeOptions(block_n=32, waves=3, blocks_per_split=6)
     if group == 1 and C > 128 and C % 64:
         return DecodeOptions(block_n=32, blocks_per_split=6)
-    if group > 1:
+    if group > 1 and elem_bytes <= 2:
         return DecodeOptions(num_stages=3)
     return DecodeOptions()
 

@@ -127,7 +127,7 @@ class TritonRuntime:
                position: int, out: torch.Tensor | None = None) -> torch.Tensor:
         check_triton_tensor("decode", "q", q)
         group = q.shape[1] // k.shape[1]
-        o = self.plan.decode_config(group)
+        o = self.plan.decode_config(group, q.dtype)
         mod = self.decode_module(o)
         splits = self.splits(mod, o, q.shape[0], k.shape[1], q.device, group)
         slot_keys = None
