@@ -85,7 +85,10 @@ def prefetched(source: str) -> tuple[str, str]:
     if parts is None:
         return source, "prefetch"  # (blocks are skipped in a branch: left as rendered)
     lines, i, j, body, mask = parts
-    c = next(n for n, ln in enumerate(body) if ln.strip().startswith("v = tl.where(is_new"))
+    c = next((n for n, ln in enumerate(body) if ln.strip().startswith("v = tl.where(is_new")), None)
+    if c is None:   # (since 2026-11-28 the loop leaves the new token's slot to a column after it)
+        raise SystemExit("prefetch variant: the slot loop no longer substitutes the new token's value "
+                         "(v = tl.where(is_new, ...)); the template changed, update the probe")
     rest = body[c + 1:]
     kl = "tl.load(kc + slot[None, :] * stride_kc_s + offs_d[:, None] * stride_kc_d, mask=att_nx[None, :], other=0.0)"
     vl = "tl.load(vc + slot[:, None] * stride_vc_s + offs_d[None, :] * stride_vc_d, mask=att_nx[:, None], other=0.0)"
