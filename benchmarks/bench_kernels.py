@@ -98,6 +98,29 @@ def median_ms(fn, graph: bool, rep_ms: int) -> float:
     return float(tt.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
+def checked_ms(label: str, make, ref: torch.Tensor, time_ms, tol: float = 2e-2) -> tuple[float, float] | None:
+    """A sweep variant timed only once its output matches `ref`: `make()` gives (step, out);
+    `step` runs once, then `time_ms(step)` times it. Returns (ms, max abs error), or None after
+    printing why (a wrong output, or an exception: a variant that does not compile is reported,
+    not fatal)."""
+    try:
+        step, out = make()
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        err = (out.float() - ref.float()).abs().max().item()
+        if not err < tol:
+            print(f"  {label}: WRONG (max err {err:.3g})", flush=True)
+            return None
+        ms = time_ms(step)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print(f"  {label}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return None
+    return ms, err
+
+
 def paired_ms(fns, graph: bool, rep: int, rounds: int) -> list[float]:
     """Medians of `fns` measured in turn, `rounds` times over (so clock and thermal drift hit all
     of them alike); each entry is the median of its rounds."""

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import copy_bandwidth, median_ms  # noqa: E402
+from bench_kernels import checked_ms, copy_bandwidth, median_ms  # noqa: E402
 
 
 @triton.jit
@@ -91,14 +91,19 @@ def _combine(MP, LP, AP, Out, D: tl.constexpr, NS: tl.constexpr, SP: tl.constexp
     tl.store(Out + row * D + offs_d, o.to(Out.dtype.element_ty))
 
 
+def split_shape(C: int, splits: int, bn: int) -> tuple[int, int]:
+    """(slots a split, splits) for about `splits` splits of C slots in whole bn-slot blocks."""
+    split = -(-C // splits)
+    split = -(-split // bn) * bn
+    return split, -(-C // split)
+
+
 def make_step(q, kc, vc, out, splits: int, bn: int, warps: int, stages: int, tma: bool):
     B, Hq, _, D = q.shape
     _, Hkv, C, _ = kc.shape
     G = Hq // Hkv
     GP = max(16, triton.next_power_of_2(G))
-    split = -(-C // splits)
-    split = -(-split // bn) * bn
-    ns = -(-C // split)
+    split, ns = split_shape(C, splits, bn)
     rows = B * Hq
     mp = torch.empty(rows * ns, device=q.device, dtype=torch.float32)
     lp = torch.empty_like(mp)
@@ -117,7 +122,7 @@ def make_step(q, kc, vc, out, splits: int, bn: int, warps: int, stages: int, tma
                               SPLIT=split, NS=ns, TMA=tma, STAGES=stages, num_warps=warps, num_stages=stages)
         if ns > 1:
             _combine[(rows,)](mp, lp, ap, of, D=D, NS=ns, SP=max(2, triton.next_power_of_2(ns)), num_warps=4)
-    return step, ns
+    return step
 
 
 def main() -> None:
@@ -159,19 +164,13 @@ def main() -> None:
                                                   (False, True)):
                 bn, w, st = map(int, cfg.split(","))
                 out = torch.empty_like(q)
-                try:
-                    step, ns = make_step(q, kc, vc, out, sp, bn, w, st, tma)
-                    step()
-                    torch.cuda.synchronize()
-                    err = (out.float() - ref).abs().max().item()
-                    if not err < 2e-2:
-                        print(f"  {name} C={C} {cfg} s={sp} tma={tma}: WRONG {err:.3g}", flush=True)
-                        continue
-                    us = median_ms(step, True, args.rep) * 1e3
-                except Exception as e:  # noqa: BLE001 - report and go on
-                    print(f"  {name} C={C} {cfg} s={sp} tma={tma}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                got = checked_ms(f"{name} C={C} {cfg} s={sp} tma={tma}",
+                                 lambda: (make_step(q, kc, vc, out, sp, bn, w, st, tma), out), ref,
+                                 lambda f: median_ms(f, True, args.rep))
+                if got is None:
                     continue
-                label = f"bn{bn} w{w} st{st} splits {ns}"
+                us = got[0] * 1e3
+                label = f"bn{bn} w{w} st{st} splits {split_shape(C, sp, bn)[1]}"
                 lines.append(f"{name}@{B} C={C} {'tma' if tma else 'ptr'} {label}: {us:.2f} us ({us / floor:.2f}x)")
                 print(lines[-1], flush=True)
                 if us < best[tma][0]:

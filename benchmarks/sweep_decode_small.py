@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import copy_bandwidth, load_pattern, median_ms  # noqa: E402
+from bench_kernels import checked_ms, copy_bandwidth, load_pattern, median_ms  # noqa: E402
 
 from sas.runtime import SASAttnKernel  # noqa: E402
 
@@ -110,18 +110,10 @@ def main() -> None:
                     label = (f"bn={bn} w={w} st={st}{f' waves={wv[0]}' if wv else ''} splits={sp}"
                              f"{' dot' if opts.mha_dot and H == Hkv else ''}"
                              f"{' fused' if fused else ''}{f' skip={args.skip}' if args.skip else ''}")
-                    try:
-                        step()
-                        torch.cuda.synchronize()
-                        err = (out.float() - ref).abs().max().item()
-                        if not err < 2e-2:
-                            print(f"  {label}: WRONG ({err:.3g})", flush=True)
-                            continue
-                        ms = median_ms(step, True, args.rep)
-                        torch.cuda.synchronize()
-                    except Exception as e:  # noqa: BLE001 - report and go on
-                        print(f"  {label}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    got = checked_ms(label, lambda: (step, out), ref, lambda f: median_ms(f, True, args.rep))
+                    if got is None:
                         continue
+                    ms = got[0]
                     table.append((name, C, label, ms * 1e3, ms / floor))
         best = sorted((r for r in table if r[0] == name), key=lambda r: r[3])[:4]
         for r in best:

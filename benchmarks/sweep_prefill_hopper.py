@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernels import checked_ms  # noqa: E402
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -332,18 +337,11 @@ def main() -> None:
                 continue
             name = f"{kind} {cfg} fma={int(fma)} ws={int(ws)}" + (f" poly={poly} persist={persist}" if poly or persist else "") \
                 + (f" tweak={tweak}" if tweak else "")
-            try:
-                call, out = run_variant(kind, q, k, v, cfg, fma, ws, poly, persist, tweak)
-                call()
-                torch.cuda.synchronize()
-                err = (out.float() - ref.float()).abs().max().item()
-                if not err < 2e-2:
-                    print(f"  {name}: WRONG (max err {err:.3g})", flush=True)
-                    continue
-                ms = bench(call)
-            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-                print(f"  {name}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            got = checked_ms(name, lambda: run_variant(kind, q, k, v, cfg, fma, ws, poly, persist, tweak), ref,
+                             bench)
+            if got is None:
                 continue
+            ms, err = got
             table.append((N, name, ms, ms / sdpa))
             print(f"  {name}: {ms:.3f} ms = {ms / sdpa:.3f}x SDPA (err {err:.1e})", flush=True)
     print("\n| N | variant | ms | x SDPA |\n|---|---|---|---|")
