@@ -585,3 +585,13 @@ def test_static_block_flags_skip_unattended_blocks_exactly(monkeypatch, split_sc
     torch.testing.assert_close(got, res.out, rtol=1e-4, atol=1e-4)
     assert torch.equal(got, got_off)
     assert all(torch.equal(a, b) for s1, s2 in zip(states, states_off) for a, b in zip(s1, s2))
+
+
+def test_attend_stages_keep_fp32_query_groups_to_one():
+    """A query group's slot loop is software-pipelined (it has no branch): fp32 tiles take one
+    stage (two need up to 148 KB of shared memory a program, over sm_86 / sm_89's 99 KB), 2-byte
+    tiles two; one query row's loop keeps two (it is not pipelined)."""
+    assert dynamic_host.attend_stages(True, torch.float32) == 1
+    assert dynamic_host.attend_stages(True, torch.bfloat16) == 2
+    assert dynamic_host.attend_stages(True, torch.float16) == 2
+    assert dynamic_host.attend_stages(False, torch.float32) == 2

@@ -44,6 +44,16 @@ UPDATE_WARPS = 4
 GROUP_BLOCK_N = 128
 
 
+def attend_stages(use_dot: bool, dtype: torch.dtype) -> int:
+    """Pipeline stages of the attention's slot loop. A query group's loop (`use_dot`) has no
+    branch, so Triton pipelines its loads: with 4-byte tiles two stages need up to 148 KB of
+    shared memory a program (64-slot blocks, head dim 256; sm_90 PTX), over sm_86 / sm_89's
+    99 KB, so fp32 takes one (the shared memory the loop took before it lost its branch,
+    2026-11-28). 2-byte tiles take two (36.6 KB at 128 slots, head dim 128). One query row's
+    loop is not pipelined either way."""
+    return 1 if use_dot and dtype.itemsize > 2 else 2
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (>= 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
@@ -194,7 +204,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
         BLOCK_N=state.block_n, SPLIT_SIZE=state.split_size, NUM_SPLITS=state.num_splits, USE_DOT=use_dot,
         DOT_PRECISION=("ieee" if q.dtype == torch.float32 else "tf32"), UPCAST=_interpreting_bf16(q.dtype),
         POS_PTR=bool(pos_on_device), SKIP_FLAGS=state.skip_flags, FLAG_N=kernels.FLAG_N,
-        num_warps=kernels.NUM_WARPS, num_stages=2,
+        num_warps=kernels.NUM_WARPS, num_stages=attend_stages(use_dot, q.dtype),
     )
     if combine and state.num_splits > 1:
         kernels.COMBINE_KERNEL[(B * H,)](
