@@ -75,8 +75,8 @@ def num_splits_for(kernels: ModuleType, batch: int, num_kv_heads: int, *, block_
     """Splits of the slot range.
 
     One query row a KV head (`group` 1): fewer slot blocks per program than the static decode
-    kernel, since the block-skipping branch stops software pipelining, so memory parallelism
-    comes from more programs instead (at least `waves` programs an SM, at most
+    kernel, since its loop (no `tl.dot`, a block-skipping branch) is not software-pipelined, so
+    memory parallelism comes from more programs instead (at least `waves` programs an SM, at most
     `blocks_per_split` blocks a program).
 
     A query group (`tl.dot`) with at least GROUP_ONE_WAVE_FROM programs a split: as many splits
