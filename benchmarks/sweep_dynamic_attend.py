@@ -6,9 +6,11 @@ whose attention takes `bn` slots a block and `ns` splits; each variant's output 
 with the default's, then the CUDA-graph time of the whole step (attention, combine, score and
 update kernels) is taken in turns with the static decode (`paired_ms`) and printed beside the
 floor (static decode + the pool's bytes at the copy bandwidth), one markdown row a pattern.
+`--mha-dot`: one query row a KV head also through the query groups' `tl.dot` loop (`State(use_dot=
+True)`, as `dynamic_host.MHA_DOT` would make it), labelled "dot bn../ns..".
 
     python benchmarks/sweep_dynamic_attend.py [--cases "GQA@4:openai_strided,openai_fixed;MHA:block_local"]
-        [--blocks 32,64,128] [--splits 2,4,8]
+        [--blocks 32,64,128] [--splits 2,4,8] [--mha-dot]
 """
 import argparse
 import sys
@@ -31,30 +33,32 @@ CASES = (("MHA", 1, 64, 64, ("block_local", "streaming_llm", "sliding_window", "
          ("GQA", 16, 32, 8, ("block_local", "streaming_llm", "strided_block_local")))
 
 
-def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int) -> dh.State:
+def variant_state(kern, st, B: int, H: int, Hkv: int, bn: int, ns: int, use_dot: bool | None = None) -> dh.State:
     """A copy of state `st` whose attention takes `bn` slots a block and `ns` splits (rounded as
-    `dh.State` rounds them)."""
-    s2 = dh.State(kern, B, H, Hkv, D, dtype, dev, num_splits=ns, block_n=bn)
+    `dh.State` rounds them), through the `tl.dot` loop where `use_dot`."""
+    s2 = dh.State(kern, B, H, Hkv, D, dtype, dev, num_splits=ns, block_n=bn, use_dot=use_dot)
     for a in COPY:
         getattr(s2, a).copy_(getattr(st, a))
     return s2
 
 
 def sweep(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw: float,
-          blocks: tuple[int, ...] | None = None, splits: tuple[int, ...] | None = None) -> str:
+          blocks: tuple[int, ...] | None = None, splits: tuple[int, ...] | None = None, mha_dot: bool = False) -> str:
     static_step, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd)
     host = dk.dynamic.rt
     kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
     variants = [("default", st)]
-    seen = {(st.block_n, st.num_splits)}
-    for bn in blocks or ((32, 64) if cfg == "MHA" else (32, 64, 128)):
-        nb = -(-kern.TOTAL // bn)
-        rule = dh.num_splits_for(kern, B, Hkv, block_n=bn, group=Hq // Hkv)
-        for ns in sorted(set(splits) if splits else {max(1, nb // 8), max(1, nb // 4), max(1, nb // 2), nb, rule}):
-            s2 = variant_state(kern, st, B, Hq, Hkv, bn, ns)
-            if (bn, s2.num_splits) not in seen:        # labelled by the splits it runs (ns rounds)
-                seen.add((bn, s2.num_splits))
-                variants.append((f"bn{bn}/ns{s2.num_splits}", s2))
+    seen = {(st.use_dot, st.block_n, st.num_splits)}
+    dots = (False, True) if mha_dot and Hq == Hkv else (None,)
+    for dot in dots:
+        for bn in blocks or ((32, 64) if cfg == "MHA" and not dot else (32, 64, 128)):
+            nb = -(-kern.TOTAL // bn)
+            rule = dh.num_splits_for(kern, B, Hkv, block_n=bn, group=Hq // Hkv)
+            for ns in sorted(set(splits) if splits else {max(1, nb // 8), max(1, nb // 4), max(1, nb // 2), nb, rule}):
+                s2 = variant_state(kern, st, B, Hq, Hkv, bn, ns, use_dot=dot)
+                if (s2.use_dot, bn, s2.num_splits) not in seen:        # labelled by the splits it runs (ns rounds)
+                    seen.add((s2.use_dot, bn, s2.num_splits))
+                    variants.append((f"{'dot ' if dot else ''}bn{bn}/ns{s2.num_splits}", s2))
     outs = []
     for _, s in variants:
         o = torch.empty_like(qd)
@@ -99,6 +103,7 @@ def main() -> None:
     ap.add_argument("--cases", default=None, help='e.g. "GQA:openai_strided,openai_fixed;MHA:block_local"')
     ap.add_argument("--blocks", default=None, help="slot blocks to try, e.g. 32,64,128")
     ap.add_argument("--splits", default=None, help="split counts to try (each rounded as State rounds it), e.g. 2,4,8")
+    ap.add_argument("--mha-dot", action="store_true", help="MHA rows also through the tl.dot loop")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_dynamic_attend.py needs an NVIDIA GPU")
@@ -110,7 +115,7 @@ def main() -> None:
     for cfg, B, Hq, Hkv, names in cases:
         k, v, qd, kd, vd = random_inputs(B, Hq, Hkv, dev)
         for name in names:
-            rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw, blocks, splits))
+            rows.append(sweep(cfg, B, Hq, Hkv, name, k, v, qd, kd, vd, bw, blocks, splits, args.mha_dot))
             print(rows[-1], flush=True)
             torch.cuda.empty_cache()
     print("| config | pattern | slots | outputs agree | default | best | every variant |")

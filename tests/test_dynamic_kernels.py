@@ -150,6 +150,23 @@ def test_random_static_plus_h2o_mha(case, refresh, prefill, seed):
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=static_plus_h2o(), refresh=st.booleans(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
+def test_random_static_plus_h2o_mha_through_the_dot_loop(case, refresh, prefill, seed):
+    """One query head a KV head with `MHA_DOT` on: the attention runs the query groups' `tl.dot`
+    loop (no per-block branch, the new token's slots outside the tiles) over the row padded to
+    16, in 16-slot blocks; outputs and held keys equal the plain H2O reference."""
+    static, budget = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dynamic_host, "MHA_DOT", True)
+        mp.setattr(dynamic_host, "attend_block_n", lambda *args: 16)
+        loops, stages = [], dynamic_host.attend_stages    # which loop each attention launch took
+        mp.setattr(dynamic_host, "attend_stages", lambda use_dot, dtype: loops.append(use_dot) or stages(use_dot, dtype))
+        check(static, Causal() * ~static, Dynamic(budget=budget, refresh=refresh), N=26, prefill=prefill,
+              B=1, Hq=2, Hkv=2, seed=seed)
+        assert loops and all(loops)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=static_plus_h2o(), prefill=st.integers(1, 12), seed=st.integers(0, 99))
 def test_random_static_plus_h2o_with_block_flags_forced(case, prefill, seed):
     """As above (two KV heads of one query head each), with the attention's per-step block flags

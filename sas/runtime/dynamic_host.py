@@ -44,6 +44,12 @@ UPDATE_WARPS = 4
 GROUP_BLOCK_N = 128
 
 
+#: one query row a KV head (MHA) through the query groups' `tl.dot` loop (the row padded to 16),
+#: whose loads Triton pipelines, instead of the CUDA-core loop: off. Not measured yet
+#: (`benchmarks/sweep_dynamic_attend.py --mha-dot`); a State's `use_dot` overrides it.
+MHA_DOT = False
+
+
 def attend_stages(use_dot: bool, dtype: torch.dtype) -> int:
     """Pipeline stages of the attention's slot loop. A query group's loop (`use_dot`) has no
     branch, so Triton pipelines its loads: with 4-byte tiles two stages need up to 148 KB of
@@ -135,8 +141,12 @@ class State:
     slot block and split count follow `attend_block_n` / `num_splits_for` unless given."""
 
     def __init__(self, kernels: ModuleType, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: Any, num_splits: int | None = None, block_n: int | None = None):
+                 dtype: torch.dtype, device: Any, num_splits: int | None = None, block_n: int | None = None,
+                 use_dot: bool | None = None):
         B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
+        #: the attention's loop: `tl.dot` over the query rows padded to 16 (always for a query
+        #: group; for one row a KV head where `use_dot` or, if None, MHA_DOT), else CUDA cores
+        self.use_dot = H > Hkv or (MHA_DOT if use_dot is None else bool(use_dot))
         total, pool = kernels.TOTAL, kernels.POOL_SIZE
         self.k = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
         self.v = torch.zeros(B, Hkv, total, D, dtype=dtype, device=device)
@@ -182,7 +192,7 @@ def attend(kernels: ModuleType, state: State, q: torch.Tensor, k_new: torch.Tens
     if sm_scale is None:
         sm_scale = D ** -0.5
     if use_dot is None:
-        use_dot = group > 1
+        use_dot = state.use_dot
     g_pad = max(16, next_power_of_2(group)) if use_dot else next_power_of_2(group)
     kc, vc = state.k, state.v
     if state.skip_flags:
