@@ -160,7 +160,8 @@ def test_random_static_plus_h2o_mha_through_the_dot_loop(case, refresh, prefill,
         mp.setattr(dynamic_host, "MHA_DOT", True)
         mp.setattr(dynamic_host, "attend_block_n", lambda *args: 16)
         loops, stages = [], dynamic_host.attend_stages    # which loop each attention launch took
-        mp.setattr(dynamic_host, "attend_stages", lambda use_dot, dtype: loops.append(use_dot) or stages(use_dot, dtype))
+        mp.setattr(dynamic_host, "attend_stages",
+                   lambda use_dot, dtype: loops.append(use_dot) or stages(use_dot, dtype))
         check(static, Causal() * ~static, Dynamic(budget=budget, refresh=refresh), N=26, prefill=prefill,
               B=1, Hq=2, Hkv=2, seed=seed)
         assert loops and all(loops)

@@ -606,5 +606,6 @@ class Runtime:
                 for b in range(B)]
 
 
-__all__ = ["GROUP_ONE_WAVE_FROM", "MERGE_MAX_SPLITS", "Runtime", "State", "StepGraph", "attend", "attend_block_n", "merges_after",
-           "next_power_of_2", "num_splits_for", "step", "top_mask", "update", "uses_flags"]
+__all__ = ["GROUP_ONE_WAVE_FROM", "MERGE_MAX_SPLITS", "MHA_DOT", "Runtime", "State", "StepGraph", "attend",
+           "attend_block_n", "attend_stages", "merges_after", "next_power_of_2", "num_splits_for", "step", "top_mask",
+           "update", "uses_flags"]
