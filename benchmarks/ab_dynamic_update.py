@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_dynamic import dynamic_of  # noqa: E402
+from bench_dynamic import dynamic_of, item5_floor_ms  # noqa: E402
 from bench_kernels import PATTERNS, copy_bandwidth, load_pattern, paired_ms  # noqa: E402
 
 from sas.runtime import SASAttnKernel, dynamic_host  # noqa: E402
@@ -78,7 +78,7 @@ def prepare(name: str, B: int, Hq: int, Hkv: int, k: torch.Tensor, v: torch.Tens
 def floor_ms(static_ms: float, dk, B: int, Hkv: int, bw: float) -> float:
     """Item 5's floor of a dynamic step: the static decode's time plus the pool's K and V bytes
     at the copy bandwidth `bw` (bytes/s)."""
-    return static_ms + 2 * dk.dynamic.cplan.pool_size * B * Hkv * D * 2 / bw * 1e3
+    return item5_floor_ms(static_ms, dk.dynamic.cplan.pool_size, B, Hkv, D, bw)
 
 
 def use(variant) -> None:

@@ -55,6 +55,12 @@ def dynamic_of(static, budget: int):
     return static + (Causal() * ~static) * Dynamic(budget=budget, score=ops.attn_score().sum(dim=1))
 
 
+def item5_floor_ms(static_ms: float, pool_slots: int, batch: int, kv_heads: int, head_dim: int, bw: float) -> float:
+    """Issue 11, item 5's floor of a dynamic step: the static decode's time plus the pool's K and
+    V bytes (2-byte elements) at the copy bandwidth `bw` (bytes/s)."""
+    return static_ms + 2 * pool_slots * batch * kv_heads * head_dim * 2 / bw * 1e3
+
+
 def check_small(name: str, dev, dtype) -> dict:
     """Kernels vs the float64 reference: prefill 200 tokens, then 56 decode steps."""
     from sas import Diag, Rect  # noqa: F401
@@ -203,7 +209,7 @@ def main() -> None:
                 row["dynamic_eager_loop_over_graph"] = row["dynamic_decode_eager_loop_ms"] / row["dynamic_decode_ms"]
             row["hbm_floor_dynamic_ms"] = 2 * c.cache_size * B * Hkv * D * 2 / bw * 1e3
             # issue 11, item 5's floor: the static decode plus the pool's K and V bytes
-            row["item5_floor_ms"] = row["static_decode_ms"] + 2 * c.pool_size * B * Hkv * D * 2 / bw * 1e3
+            row["item5_floor_ms"] = item5_floor_ms(row["static_decode_ms"], c.pool_size, B, Hkv, D, bw)
             row["dyn_over_item5_floor"] = row["dynamic_decode_ms"] / row["item5_floor_ms"]
             # FlexAttention: static mask, and the oracle mask of the dynamic pattern (all region keys)
             mm = masks[name]
