@@ -13,7 +13,9 @@ For each Table-1 pattern + H2O (budget 512, 16K, bf16, head dim 128; MHA 64 head
   step of one layer among many does); the cold time is the graph time of one pass over the
   copies divided by their number;
 - the step over its floor (static decode + the pool's bytes at the copy bandwidth), warm over
-  warm and cold over cold.
+  warm and cold over cold;
+- in the JSON rows, `state_sha256`: a digest of the state after the prepared step
+  (`state_digest`), to check that a template variant (`SAS_TEMPLATE_DIR`) leaves the same state.
 
     python benchmarks/profile_dynamic_step.py [--patterns a,b] [--configs MHA,GQA] [--copies 4]
                                               [--out results/NAME]
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -39,6 +42,19 @@ from sas.runtime import dynamic_host as dh  # noqa: E402
 COPY = STATE + ("pos",)
 
 
+def state_digest(st: dh.State) -> str:
+    """SHA-256 of the state's bytes after `prepare`'s one decode step (the cache, the pool's keys
+    and flags, the staging, the position), for comparing template variants (`SAS_TEMPLATE_DIR`)
+    that must leave the same state: equal across runs of one template. The accumulated scores
+    are left out: the prefill adds them with float atomics, so their low bits differ from run to
+    run (H100, 2026-11-28)."""
+    h = hashlib.sha256()
+    for a in COPY:
+        if a != "acc":
+            h.update(getattr(st, a).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def rotated(fns):
     """One call that runs every function of `fns` once, in order."""
     def run():
@@ -52,6 +68,7 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     static_steps, dk, P = prepare(name, B, Hq, Hkv, k, v, qd, kd, vd, copies=copies)
     host = dk.dynamic.rt
     kern, st, tabs = host.kernels, host.state, host.device_tables(dev)
+    digest = state_digest(st)
     states = [st]
     for _ in range(copies - 1):
         s2 = dh.State(kern, B, Hq, Hkv, D, DTYPE, dev, num_splits=st.num_splits, block_n=st.block_n)
@@ -84,6 +101,7 @@ def profile(cfg: str, B: int, Hq: int, Hkv: int, name: str, k, v, qd, kd, vd, bw
     per_slot = 2 * B * Hkv * D * st.k.element_size()           # K and V of one slot, every (batch, KV head)
     ws = {"static": per_slot * dk.dynamic.cplan.static_size, "dynamic": per_slot * kern.TOTAL}
     return {"config": cfg, "pattern": name, "slots": kern.TOTAL, "split": f"bn{st.block_n}/ns{st.num_splits}",
+            "state_sha256": digest,
             "working_set_mb": {a: b / 2 ** 20 for a, b in ws.items()}, "warm_us": warm, "cold_us": cold,
             "floor_warm_us": floor_w, "floor_cold_us": floor_c,
             "step_over_floor_warm": warm["step"] / floor_w, "step_over_floor_cold": cold["step"] / floor_c}

@@ -92,6 +92,15 @@ def test_bounded_region_expires_keys():
     check(Diag(0, 2), Diag(2, 6), Dynamic(budget=2), N=24, prefill=5, seed=11)
 
 
+def test_many_keys_entering_at_once_are_copied_in_several_chunks():
+    """Chunks of 20: at each chunk's end its 20 keys enter the pool at once, more than the update
+    kernel's 16 keys a chunk, so their K/V rows are copied in two chunks (and evicted down to the
+    budget at the next step)."""
+    static = (Rect(size=(20, 20)) >> Diag(0, 1)) * Causal()
+    ker = check(static, Causal() * ~static, Dynamic(budget=3), N=46, prefill=9, B=1, Hq=2, Hkv=1, seed=5)
+    assert ker.dynamic.cplan.max_entering > 16
+
+
 @pytest.mark.parametrize("name", sorted(TABLE1_H2O))
 @pytest.mark.parametrize("refresh", [False, True])
 def test_table1_static_plus_h2o(name, refresh):
