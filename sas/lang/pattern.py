@@ -37,6 +37,10 @@ MAX_INDEX = 1 << 61
 #: only alternating operators, `~` and `>>` nest). Deeper trees would run into Python's
 #: recursion limit in the analysis and in code generation.
 MAX_DEPTH = 100
+#: Most nodes (primitives and operators, a shared sub-pattern counted at each use) a pattern
+#: may have: a `.sas` name used twice copies its pattern into both uses, so 30 lines of
+#: `a_k = a_(k-1) + a_(k-1)` would otherwise build 2^30 terms.
+MAX_NODES = 1 << 14
 #: Largest `n` of `to_mask(n)`: the mask is n x n booleans (4 GiB at the limit).
 MASK_LIMIT = 1 << 16
 #: `Spread.evaluate` asks its layout only at the cells where its unit is on when those are at
@@ -145,6 +149,12 @@ class Pattern:
         """Operator nesting depth: 1 for a primitive."""
         return 1 + max((c.depth for c in self.children()), default=0)
 
+    @cached_property
+    def node_count(self) -> int:
+        """Nodes of the pattern tree (primitives and operators; a sub-pattern used twice counts
+        twice): 1 for a primitive."""
+        return 1 + sum(c.node_count for c in self.children())
+
     def to_mask(self, n: int) -> np.ndarray:
         """The exact boolean `n x n` mask: row = query index i, column = key index j."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
@@ -200,11 +210,17 @@ def _check_fields(node: Pattern, *names: str) -> None:
 
 
 def _check_depth(node: Pattern) -> None:
+    """An operator node's nesting depth and node count against MAX_DEPTH and MAX_NODES."""
     if node.depth > MAX_DEPTH:
         raise PatternError(
             f"{type(node).__name__}: the pattern would be nested {node.depth} operators deep; the limit "
             f"is {MAX_DEPTH} (sums and products of many terms are flat; only alternating operators, "
             f"'~' and '>>' nest): build it with fewer nested levels")
+    if node.node_count > MAX_NODES:
+        raise PatternError(
+            f"{type(node).__name__}: the pattern would have {node.node_count} nodes; the limit is {MAX_NODES} "
+            f"(every term of a sum or product counts, and a sub-pattern used more than once, such as a "
+            f".sas name, counts at each use): build it from fewer terms")
 
 
 def _terms(cls: type, terms: tuple[object, ...]) -> tuple[Pattern, ...]:
