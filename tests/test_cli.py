@@ -342,7 +342,7 @@ def test_compile_dynamic_pattern(tmp_path):
     r = run("compile", EXAMPLES / "fig7a_window_h2o.py", "-o", out, "--max-len", "4K")
     assert r.exit_code == 0, r.output
     assert "KV cache: 5 slots = 2 static + 3 pool (dense: 4096)" in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["__init__.py", "dynamic_decode.py", "dynamic_host.py",
+    assert sorted(p.name for p in out.iterdir()) == ["__init__.py", "checks.py", "dynamic_decode.py", "dynamic_host.py",
                                                      "graph_params.py", "plan.pt", "prefill.py", "report.json",
                                                      "report.md", "standalone.py", "static_decode.py"]
     report = json.loads((out / "report.json").read_text())

@@ -155,8 +155,8 @@ def test_compile_force_replaces_it(tmp_path):
     (tmp_path / "proj" / "notes.txt").write_text("mine")
     r = compile_into("proj", "--force", cwd=tmp_path)
     assert r.exit_code == 0, r.output
-    assert sorted(os.listdir(tmp_path / "proj")) == ["__init__.py", "decode.py", "plan.pt", "prefill.py", "report.json",
-                                                  "report.md", "standalone.py"]
+    assert sorted(os.listdir(tmp_path / "proj")) == ["__init__.py", "checks.py", "decode.py", "plan.pt", "prefill.py",
+                                                  "report.json", "report.md", "standalone.py"]
     assert os.listdir(tmp_path) == ["proj"]
 
 

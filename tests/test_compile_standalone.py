@@ -7,6 +7,7 @@ from the oracle mask (and, for the dynamic pattern, the float64 H2O specificatio
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -114,7 +115,7 @@ def test_static_output_runs_without_sas(tmp_path):
                           prefill_options=PrefillOptions(16, 16, 4, 1), decode_options=DecodeOptions(16, 4, 1))
     assert rep["cache_size"] == 12
     assert {"__init__.py", "plan.pt", "standalone.py", "prefill.py", "decode.py"} <= set(os.listdir(out))
-    for name in ("__init__.py", "standalone.py", "prefill.py", "decode.py"):
+    for name in ("__init__.py", "standalone.py", "checks.py", "prefill.py", "decode.py"):
         src = (out / name).read_text()
         assert "import sas" not in src and "from sas" not in src, name
     assert "attn.decode(q1, k1, v1, k_cache, v_cache, position)" in (out / "report.md").read_text()
@@ -139,7 +140,7 @@ def test_dynamic_output_runs_without_sas(tmp_path):
     assert rep["dynamic"] is True and rep["static_slots"] == 4
     assert {"__init__.py", "plan.pt", "standalone.py", "dynamic_host.py", "graph_params.py",
             "dynamic_decode.py"} <= set(os.listdir(out))
-    for name in ("__init__.py", "standalone.py", "dynamic_host.py", "graph_params.py", "dynamic_decode.py",
+    for name in ("__init__.py", "standalone.py", "checks.py", "dynamic_host.py", "graph_params.py", "dynamic_decode.py",
                  "static_decode.py"):
         src = (out / name).read_text()
         assert "import sas" not in src and "from sas" not in src, name
@@ -152,3 +153,64 @@ def test_dynamic_output_runs_without_sas(tmp_path):
     close(res["out"], ref.out)
     held = json.loads(res["held"])
     assert held == [[[list(t) for t in per_b] for per_b in step.held_sets()] for step in ref.steps]
+
+
+def load_package(out: Path, name: str):
+    """A compiled folder imported as package `name` in this process."""
+    spec = importlib.util.spec_from_file_location(name, out / "__init__.py", submodule_search_locations=[str(out)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
+    """A compiled package refuses inputs SASAttnKernel refuses (a batch or head count that does
+    not match, a cache of another shape or dtype, a position that is not an integer), with a
+    ValueError naming the argument and before any kernel runs: the caches are left as they were.
+    (Found by a new-user exploration: a batch-2 decode over a batch-1 cache wrote out of bounds.)"""
+    static = tmp_path / "static_build"
+    compile_pattern(Diag(0, 4) * Causal(), static, max_len=16, head_dim=16, dtype="float32", num_heads=2,
+                    num_kv_heads=1, prefill_options=PrefillOptions(16, 16, 4, 1),
+                    decode_options=DecodeOptions(16, 4, 1))
+    assert "from sas" not in (static / "checks.py").read_text()
+    attn = load_package(static, "compiled_checks_static")
+    q, k, v = qkv(1, 2, 1, 8, 16, seed=1)
+    kc, vc = attn.new_cache(1, 1, 16, torch.float32, "cpu")
+    attn.fill_cache(k, v, kc, vc)
+    before = (kc.clone(), vc.clone())
+    one = lambda t: t[:, :, :1]  # noqa: E731
+    bad_calls = [
+        (lambda: attn.decode(one(q).repeat(2, 1, 1, 1), one(k).repeat(2, 1, 1, 1), one(v).repeat(2, 1, 1, 1),
+                             kc, vc, 8), ("past_k", "[2, 1, 4, 16]")),
+        (lambda: attn.decode(one(q), one(k), one(v)[:, :, :, :8], kc, vc, 8), ("v", "head_dim 8")),
+        (lambda: attn.decode(one(q)[:, :1].repeat(1, 3, 1, 1), one(k).repeat(1, 2, 1, 1), one(v).repeat(1, 2, 1, 1),
+                             kc, vc, 8), ("3 heads", "multiple")),
+        (lambda: attn.decode(one(q), one(k), one(v), kc.half(), vc, 8), ("k_cache", "float16")),
+        (lambda: attn.decode(one(q), one(k), one(v), kc, vc, 8.0), ("position", "8.0")),
+        (lambda: attn.decode(one(q), one(k), one(v), kc, vc, 16), ("position 16", "max_len=16")),
+        (lambda: attn.decode(q, k, v, kc, vc, 8), ("one token",)),
+        (lambda: attn.prefill(q, k, v[:, :, :6]), ("k and v", "same shape")),
+        (lambda: attn.prefill(q[0], k[0], v[0]), ("q", "4-D")),
+    ]
+    for call, words in bad_calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert all(w in str(e.value) for w in words), (words, str(e.value))
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+    dyn = tmp_path / "dynamic_build"
+    compile_pattern(Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1)), dyn,
+                    max_len=16, head_dim=16, dtype="float32", num_heads=2, num_kv_heads=1)
+    attn = load_package(dyn, "compiled_checks_dynamic")
+    attn.prefill(q, k, v)
+    q1, k1, v1 = one(q), one(k), one(v)
+    for call, words in [(lambda: attn.decode(q1.repeat(2, 1, 1, 1), k1.repeat(2, 1, 1, 1), v1.repeat(2, 1, 1, 1)),
+                         ("prompt's batch", "(1, 2, 1, 16)", "(2, 2, 1, 16)")),
+                        (lambda: attn.decode(q1.double(), k1.double(), v1.double()), ("q", "float64")),
+                        (lambda: attn.decode(q1, k1[:, :, :, :8], v1), ("k", "head_dim 8"))]:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert all(w in str(e.value) for w in words), (words, str(e.value))
+    out = attn.decode(q1, k1, v1)          # the runtime is still usable, at position 8
+    assert out.shape == q1.shape and torch.isfinite(out).all()

@@ -45,8 +45,8 @@ def test_compile_writes_standalone_modules_and_report(tmp_path):
     out = tmp_path / "build"
     rep = compile_pattern(STREAMING, out, max_len=64, head_dim=64, dtype="float32",
                           prefill_options=PrefillOptions(32, 16, 4, 1), decode_options=DecodeOptions(16, 4, 1))
-    assert sorted(os.listdir(out)) == ["__init__.py", "decode.py", "plan.pt", "prefill.py", "report.json",
-                                       "report.md", "standalone.py"]
+    assert sorted(os.listdir(out)) == ["__init__.py", "checks.py", "decode.py", "plan.pt", "prefill.py",
+                                       "report.json", "report.md", "standalone.py"]
     assert os.listdir(tmp_path) == ["build"]                       # no temporary folders left
     data = json.loads((out / "report.json").read_text())
     assert data == json.loads(json.dumps(rep))
@@ -94,8 +94,8 @@ def test_recompile_replaces_folder(tmp_path):
 def test_non_causal_pattern_compiles_prefill_only(tmp_path):
     rep = compile_pattern(Diag(-3, 8), tmp_path / "nc", max_len=64)
     assert rep["causal"] is False and "cache_size" not in rep
-    assert sorted(os.listdir(tmp_path / "nc")) == ["__init__.py", "plan.pt", "prefill.py", "report.json", "report.md",
-                                                   "standalone.py"]
+    assert sorted(os.listdir(tmp_path / "nc")) == ["__init__.py", "checks.py", "plan.pt", "prefill.py", "report.json",
+                                                   "report.md", "standalone.py"]
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
@@ -124,9 +124,9 @@ def test_compile_dynamic_pattern_runs_standalone(tmp_path, refresh):
     out = tmp_path / "dyn"
     rep = compile_pattern(pattern, out, max_len=48, head_dim=16, dtype="float32", num_heads=4, num_kv_heads=2,
                           prefill_options=PrefillOptions(16, 16, 4, 1))
-    assert sorted(os.listdir(out)) == ["__init__.py", "dynamic_decode.py", "dynamic_host.py", "graph_params.py",
-                                       "plan.pt", "prefill.py", "report.json", "report.md", "standalone.py",
-                                       "static_decode.py"]
+    assert sorted(os.listdir(out)) == ["__init__.py", "checks.py", "dynamic_decode.py", "dynamic_host.py",
+                                       "graph_params.py", "plan.pt", "prefill.py", "report.json", "report.md",
+                                       "standalone.py", "static_decode.py"]
     assert rep["dynamic"] is True and rep["score_path"] == "fused kernel"
     assert (rep["static_slots"], rep["budget"]) == (8, 3)
     assert rep["cache_size"] == rep["static_slots"] + rep["pool_slots"]

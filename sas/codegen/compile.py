@@ -49,7 +49,7 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.lang.pattern import Pattern
 from sas.plan import DTYPES, Plan, TileSchedule, dtype_name, make_plan
-from sas.runtime import dynamic_host, graph_params, standalone
+from sas.runtime import checks, dynamic_host, graph_params, standalone
 from sas.runtime.tiles import schedule_tensors
 
 BACKENDS = ("triton", "cuda", "nki")
@@ -59,6 +59,16 @@ DEFAULT_MAX_LEN = 16384
 def _host_source(module: Any) -> str:
     """The source of a torch-only host module, copied beside the generated kernels."""
     return Path(module.__file__).read_text()
+
+
+def _checks_source() -> str:
+    """`sas.runtime.checks` for a compiled package: the same argument checks as SASAttnKernel's,
+    raising ValueError (the package runs without sas, so without its KernelError)."""
+    src = _host_source(checks)
+    line = "from sas.errors import KernelError\n"
+    if src.count(line) != 1:
+        raise RuntimeError("sas.runtime.checks no longer imports KernelError in one line; update _checks_source")
+    return src.replace(line, "KernelError = ValueError    # (sas compile: this package runs without sas)\n")
 
 
 def _init_source(pattern: Pattern, dynamic: bool) -> str:
@@ -186,7 +196,7 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
     plan_bytes = _torch_bytes(tables)
     files: dict[str, str | bytes] = {"__init__.py": _init_source(pattern, False),
                                      "prefill.py": render_prefill(pattern, sched.options), "plan.pt": plan_bytes,
-                                     "standalone.py": _host_source(standalone)}
+                                     "standalone.py": _host_source(standalone), "checks.py": _checks_source()}
     per_slot = 2 * batch * num_kv_heads * head_dim * DTYPES[dtype]
     report: dict[str, Any] = {
         **_common_report(plan, backend, head_dim, dtype, num_heads, num_kv_heads, batch),
@@ -226,7 +236,7 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
         report["files"].append("decode.py")
     else:
         report["notes"] = ["pattern is not causal: prefill only (decode needs a causal pattern)"]
-    report["files"] += ["plan.pt", "standalone.py", "report.json", "report.md"]
+    report["files"] += ["plan.pt", "standalone.py", "checks.py", "report.json", "report.md"]
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     files["report.md"] = _markdown(report)
     return files, report
@@ -280,8 +290,9 @@ def _dynamic_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_head
     files["graph_params.py"] = _host_source(graph_params)     # dynamic_host's (torch + ctypes only)
     files["plan.pt"] = plan_bytes
     files["standalone.py"] = _host_source(standalone)
+    files["checks.py"] = _checks_source()
     report["files"] += ["dynamic_decode.py", "dynamic_host.py", "graph_params.py", "plan.pt", "standalone.py",
-                        "report.json", "report.md"]
+                        "checks.py", "report.json", "report.md"]
     report["notes"] = []
     files["report.json"] = json.dumps(report, indent=2) + "\n"
     files["report.md"] = _dynamic_markdown(report)

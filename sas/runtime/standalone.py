@@ -1,8 +1,10 @@
 """Host side of generated static kernels, and the one-call entry of `sas compile` output.
 
-This module imports only torch and the standard library: `sas compile` copies it beside the
-generated modules (as `standalone.py`), and sas's own Triton runtime uses the same functions
-(tile schedule expansion, held-key tables, split counts), so both paths run one code.
+This module imports only torch, the standard library and its sibling `checks` (the argument
+checks of `SASAttnKernel`): `sas compile` copies both beside the generated modules (as
+`standalone.py` and `checks.py`, whose errors are then ValueErrors), and sas's own Triton
+runtime uses the same functions (tile schedule expansion, held-key tables, split counts), so
+both paths run one code.
 
 A compiled folder is a Python package:
 
@@ -40,6 +42,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from .checks import check_cache, check_one_token, check_position, check_qkv
 
 #: the file beside the kernels holding the plan's tables (torch.save of a dict)
 PLAN_FILE = "plan.pt"
@@ -225,6 +229,7 @@ class StaticKernel:
                 lse: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D] (queries at the last Lq of the
         Lk <= MAX_LEN positions)."""
+        check_qkv("prefill", q, k, v)
         check_device("prefill", q)
         Lq, Lk = q.shape[2], k.shape[2]
         if not 0 < Lq <= Lk <= self.max_len:
@@ -261,9 +266,14 @@ class StaticKernel:
         programmatic dependent launches (compute capability 9+); None: only where the step is one
         launch (the module's `pdl_by_default`)."""
         mod = self._decoder("decode")
+        check_qkv("decode", q, k, v)
+        check_one_token("decode", q, k)
         check_device("decode", q)
-        if not 0 <= position < self.max_len:
-            raise ValueError(f"decode: position must be in 0..{self.max_len - 1}, got {position}")
+        check_cache("decode", k_cache, v_cache, k, max(1, int(mod.CACHE_SIZE)))
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.dtype != q.dtype or c.device != q.device:
+                raise ValueError(f"decode: {name} is {c.dtype} on {c.device} but q is {q.dtype} on {q.device}")
+        position = check_position("decode", position, self.max_len)
         if num_splits is None:
             # (a package compiled before the query groups' rule has no GROUP_ONE_WAVE_FROM)
             group = {"group": q.shape[1] // k.shape[1]} if hasattr(mod, "GROUP_ONE_WAVE_FROM") else {}
@@ -299,6 +309,7 @@ class DynamicKernel:
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Start a sequence batch: the prompt's attention (exactly the pattern's mask), then the
         cache cut to the budget. q [B, Hq, P, D], k, v [B, Hkv, P, D], P <= MAX_LEN."""
+        check_qkv("prefill", q, k, v)
         check_device("prefill", q)
         P = q.shape[2]
         if not 0 < P <= self.max_len or k.shape[2] != P:
@@ -308,8 +319,18 @@ class DynamicKernel:
         return self.runtime.prefill(self.prefill_module, q, k, v, self.tiles(P, q.device))
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One token at the next position of the current sequence batch."""
+        """One token at the next position of the current sequence batch (q [B, Hq, 1, D], k, v
+        [B, Hkv, 1, D] of the prompt's batch, heads and head dim)."""
+        check_qkv("decode", q, k, v)
+        check_one_token("decode", q, k)
         check_device("decode", q)
+        st = self.runtime.state
+        if st is not None:
+            got = (q.shape[0], q.shape[1], k.shape[1], q.shape[3])
+            if got != tuple(st.shape) or q.dtype != st.k.dtype or q.device != st.k.device:
+                raise ValueError(f"decode: q, k, v must have the prompt's batch, query heads, kv heads and head dim "
+                                 f"{tuple(st.shape)}, dtype {st.k.dtype} and device {st.k.device}; got {got}, "
+                                 f"{q.dtype}, {q.device}")
         return self.runtime.decode(q, k, v)
 
     def held_keys(self) -> list[list[list[int]]]:
