@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -386,6 +388,27 @@ def test_plot_writes_png(tmp_path):
     assert r.exit_code == 0, r.output
     assert "from the cache events" in r.stdout and "warning" not in r.output
     assert_png(out)
+
+
+def test_plot_file_takes_the_umask_permissions(tmp_path):
+    """The image is written through a temporary file (0600 as made) but gets the permissions a
+    new file gets under the umask, as `sas compile`'s files do."""
+    mask = os.umask(0o022)
+    try:
+        out = tmp_path / "block_local.png"
+        r = run("plot", EXAMPLES / "block_local.py", "-o", out, "--max-len", "128")
+    finally:
+        os.umask(mask)
+    assert r.exit_code == 0, r.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+def test_inspect_names_a_peak_at_query_0(tmp_path):
+    f = tmp_path / "first_column.sas"
+    f.write_text("pattern = Rect(cols=(0, 1)) * Causal()\n")
+    r = run("inspect", f, "--max-len", "16")
+    assert r.exit_code == 0, r.output
+    assert "peak at:      query 0" in r.stdout
 
 
 def test_plot_window_and_many_slots(tmp_path):

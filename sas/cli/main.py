@@ -239,7 +239,7 @@ def _analysis_body(a: Any, synthesized: bool = False) -> list[str]:
     """Everything `format_inspect` prints after the KV-cache line."""
     s = a.structure
     lines: list[str] = []
-    if getattr(a, "peak_query", 0):
+    if getattr(a, "peak_query", None) is not None:       # (query 0 is a peak too)
         lines.append(f"peak at:      query {a.peak_query}")
     form = "closed form" if a.closed_form else "per-token table, no closed form"
     lines.append(f"slot scheme:  {a.scheme} ({form})")

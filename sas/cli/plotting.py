@@ -17,7 +17,6 @@ The figure is written in the format its file name's extension names (`FIGURE_FOR
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from shapely.geometry.base import BaseGeometry
 
+from sas.atomic_files import replace_file
 from sas.analysis.events import ACTIVE, EMPTY, INACTIVE, simulate
 from sas.errors import SASError
 from sas.ir.polygons import mask_polygon
@@ -252,16 +252,7 @@ def write_figure(fig: Any, output: str | os.PathLike) -> None:
     """Save in the format of `output`'s extension to a temporary file beside it, then rename
     it into place."""
     fmt = figure_format(output)
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(output, lambda tmp: fig.savefig(tmp, format=fmt))
 
 
 def plot_analysis(analysis: Any, output: str | os.PathLike, window: int = 64) -> dict[str, Any]:

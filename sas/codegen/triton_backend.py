@@ -14,7 +14,6 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -26,6 +25,7 @@ import jinja2
 
 import numpy as np
 
+from sas.atomic_files import replace_file
 from sas.codegen.lower_triton import (
     LoweredFunction,
     check_identifier,
@@ -467,18 +467,7 @@ _rendered: dict[tuple, str] = {}
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_file(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def load_source(source: str, stem: str, directory: Path | None = None) -> ModuleType:

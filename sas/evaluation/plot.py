@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from sas.atomic_files import replace_file
 from sas.evaluation.report import EvalReport, fmt_ppl
 
 _COLORS = ("#1f618d", "#c0392b", "#27ae60", "#8e44ad", "#d35400", "#16a085")
@@ -68,18 +68,8 @@ def eval_figure(report: EvalReport) -> Figure:
 
 def write_eval_plot(report: EvalReport, output: str | os.PathLike[str]) -> Path:
     """Draw `report` into the PNG file `output` (folders created; replaced atomically)."""
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig = eval_figure(report)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    return replace_file(output, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 __all__ = ["eval_figure", "write_eval_plot"]
