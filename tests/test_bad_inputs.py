@@ -178,6 +178,12 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
     ("decode into an expanded cache", lambda: _kernel()(*[torch.zeros(1, 1, 1, 16)] * 3,
                                                         *[torch.zeros(1, 1, 1, 16).expand(1, 1, 8, 16)] * 2,
                                                         position=0), KernelError, ("past_k", "broadcast view")),
+    ("triton prefill of a q that requires grad",
+     lambda: _kernel().prefill(torch.zeros(1, 1, 8, 16, requires_grad=True), *[torch.zeros(1, 1, 8, 16)] * 2),
+     KernelError, ("q requires grad", "backend='triton' has no backward pass", "backend='torch'")),
+    ("triton forward of a v that requires grad",
+     lambda: _kernel()(*[torch.zeros(1, 1, 8, 16)] * 2, torch.zeros(1, 1, 8, 16, requires_grad=True)),
+     KernelError, ("v requires grad", "torch.no_grad()")),
     # .sas text
     ("5000-digit literal", lambda: load_sas("p = Diag(" + "9" * 5000 + ", 3)"), ParseError,
      ("out of range", "5000 characters", "2**63", "line 1", "column 10")),

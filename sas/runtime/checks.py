@@ -80,6 +80,18 @@ def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch
                               f"kernel.new_cache(...) or .clone()")
 
 
+def check_no_grad(where: str, backend: str, **tensors: object) -> None:
+    """No autograd through a backend without a backward pass: where gradients are being recorded
+    and an input requires one, refuse instead of returning an output cut off from the graph."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise KernelError(f"{where}: {name} requires grad, but backend={backend!r} has no backward pass (its "
+                              f"output would be silently cut off from autograd); run it under torch.no_grad() or "
+                              f"torch.inference_mode(), or use backend='torch', whose output is differentiable")
+
+
 def check_position(where: str, position: object, max_len: int) -> int:
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
         raise KernelError(f"{where}: position must be a non-negative integer, got {position!r}")
@@ -89,4 +101,5 @@ def check_position(where: str, position: object, max_len: int) -> int:
     return position
 
 
-__all__ = ["SUPPORTED_DTYPES", "check_cache", "check_one_token", "check_position", "check_qkv", "check_tensors"]
+__all__ = ["SUPPORTED_DTYPES", "check_cache", "check_no_grad", "check_one_token", "check_position", "check_qkv",
+           "check_tensors"]

@@ -35,8 +35,8 @@ from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
-from sas.runtime.checks import (SUPPORTED_DTYPES, check_cache, check_one_token, check_position, check_qkv,
-                               check_tensors)
+from sas.runtime.checks import (SUPPORTED_DTYPES, check_cache, check_no_grad, check_one_token, check_position,
+                               check_qkv, check_tensors)
 from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
@@ -300,6 +300,7 @@ class SASAttnKernel(torch.nn.Module):
         the kernel's own compact cache with the prompt's keys and values."""
         where = "SASAttnKernel.prefill"
         check_qkv(where, q, k, v)
+        self._check_grad(where, q=q, k=k, v=v)
         if q.shape[2] != k.shape[2]:
             raise KernelError(f"{where}: q has {q.shape[2]} positions and k/v {k.shape[2]}; a prompt has one query "
                               f"per key (use kernel(q, k, v) for suffix queries)")
@@ -312,6 +313,7 @@ class SASAttnKernel(torch.nn.Module):
         return its attention output [B, Hq, 1, D]."""
         where = "SASAttnKernel.decode"
         self.plan.require_decode(where)
+        self._check_grad(where, q=q, k=k, v=v)
         if self._session.k_cache is None:
             raise KernelError(f"{where}: no prompt yet; call kernel.prefill(q, k, v) before decode")
         return self._session.decode(where, q, k, v)
@@ -329,7 +331,14 @@ class SASAttnKernel(torch.nn.Module):
                 past_v: torch.Tensor | None = None, *, position: int | None = None) -> torch.Tensor:
         """Prefill when no past caches are given, else one decode step at `position` (default:
         the kernel's own length when past_k/past_v are its own caches)."""
+        self._check_grad("SASAttnKernel", q=q, k=k, v=v, past_k=past_k, past_v=past_v)
         return self._session.forward(q, k, v, past_k, past_v, position)
+
+    def _check_grad(self, where: str, **tensors: Any) -> None:
+        """Only backend='torch' is differentiable: elsewhere an input that requires grad, with
+        gradients being recorded, is refused (`check_no_grad`)."""
+        if self.backend != "torch":
+            check_no_grad(where, self.backend, **tensors)
 
     # --- compact caches ------------------------------------------------------------------------
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
