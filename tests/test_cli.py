@@ -518,6 +518,16 @@ def test_compile_help_names_every_backend():
     assert FALLBACK_BACKENDS == BACKENDS
 
 
+def test_inspect_says_a_budget_is_clamped_to_max_len(tmp_path):
+    f = tmp_path / "big_budget.sas"
+    f.write_text("pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=1000)\n")
+    r = run("inspect", f, "--max-len", "32")
+    assert r.exit_code == 0, r.output
+    assert "budget:     30 (Dynamic(budget=1000) clamped: within max_len=32" in r.stdout
+    r = run("inspect", f, "--max-len", "4096")
+    assert "budget:     1000\n" in r.stdout
+
+
 def test_inspect_a_fraction_budget():
     """`sas inspect` of a Kascade anchor (a run-time budget, ops.fraction) prints and writes JSON:
     the keys a decode query loads are the fraction's count over the region's largest set."""

@@ -454,7 +454,10 @@ def format_dynamic_inspect(d: DynamicInspection, synthesized: bool = False) -> s
         f"  static:     {'(empty)' if d.static is None else repr(plan.static)}",
         f"  region:     {plan.full!r}  (all of it: the static part is empty)" if d.static is None
         else f"  region:     {plan.region!r}",
-        f"  budget:     {plan.budget}",
+        f"  budget:     {plan.budget}" + ("" if plan.budget_cap is None else
+                                             f" (Dynamic(budget={plan.dynamic.budget}) clamped: within "
+                                             f"max_len={plan.max_len} the region never holds more candidate "
+                                             f"keys at once, so nothing is evicted)"),
         f"  refresh:    {policy}",
         f"  capacity:   {cap}",
         "",
