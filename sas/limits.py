@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import re
 
-from sas.errors import AnalysisError, KernelError
+import numpy as np
+
+from sas.errors import AnalysisError, KernelError, SASError
 
 #: Most threads the analysis uses by default, whatever the CPU count.
 MAX_ANALYSIS_THREADS = 8
@@ -29,6 +31,13 @@ MAX_ANALYSIS_THREADS = 8
 DEFAULT_HOST_TABLE_LIMIT = 1 << 30
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def positive_length(where: str, max_len: object, error: type[SASError] = KernelError) -> int:
+    """`max_len` as a Python int: a positive int or numpy integer (not a bool), else `error`."""
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len <= 0:
+        raise error(f"{where}: max_len must be a positive integer, got {max_len!r}")
+    return int(max_len)
 
 
 def host_table_limit() -> int:

@@ -36,6 +36,7 @@ from sas.errors import AnalysisError, AnalysisLimitError, KernelError, PatternEr
 from sas.ir.periodicity import structure
 from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.lang.pattern import Pattern
+from sas.limits import positive_length
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -243,8 +244,7 @@ def make_plan(pattern: Pattern, max_len: int, *, head_dim: int | None = None, nu
     if not isinstance(pattern, Pattern):
         raise PatternError(f"make_plan: pattern must be a sas Pattern (Rect, Diag, ... combined with + * ~ >>), "
                            f"got {type(pattern).__name__}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-        raise KernelError(f"make_plan: max_len must be a positive integer, got {max_len!r}")
+    max_len = positive_length("make_plan", max_len)
     head_dim = _positive("head_dim", head_dim)
     num_heads = _positive("num_heads", num_heads)
     num_kv_heads = _positive("num_kv_heads", num_kv_heads)

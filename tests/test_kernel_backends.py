@@ -60,6 +60,18 @@ def test_only_the_torch_backend_is_differentiable():
         assert rel_error(triton(q, k, v), ref.detach()) < 1e-4
 
 
+def test_max_len_may_be_a_numpy_integer():
+    """As in sas.analyze: a numpy integer max_len (e.g. from an array of lengths) is a length."""
+    import numpy as np
+
+    from sas.plan import make_plan
+    kernel = SASAttnKernel(STREAMING, max_len=np.int64(32))
+    assert kernel.max_len == 32 and type(kernel.max_len) is int
+    assert make_plan(STREAMING, np.int32(32)).max_len == 32
+    with pytest.raises(KernelError, match="max_len must be a positive integer"):
+        SASAttnKernel(STREAMING, max_len=np.True_)
+
+
 def test_torch_backend_runtime_and_caches():
     kernel = SASAttnKernel(STREAMING, max_len=64, backend="torch")
     assert isinstance(kernel.runtime, TorchExecutor)

@@ -48,6 +48,7 @@ from sas.codegen.triton_backend import (
 from sas.dynamic.fusion import analyze_fusion
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.lang.pattern import Pattern
+from sas.limits import positive_length
 from sas.plan import DTYPES, Plan, TileSchedule, dtype_name, make_plan
 from sas.runtime import checks, dynamic_host, graph_params, standalone
 from sas.runtime.tiles import schedule_tensors
@@ -137,8 +138,7 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
             raise KernelError(f"compile_pattern: with plan=, give {', '.join(given)} to make_plan instead")
         max_len = plan.max_len
     max_len = DEFAULT_MAX_LEN if max_len is None else max_len
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-        raise KernelError(f"compile_pattern: max_len must be a positive integer, got {max_len!r}")
+    max_len = positive_length("compile_pattern", max_len)
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise KernelError(f"compile_pattern: head_dim {head_dim!r} is not supported; supported: "
                           f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")

@@ -40,6 +40,7 @@ from sas.integrations.pattern_runtime import PatternRuntime, check_backend
 from sas.integrations.state import RUNTIME_ATTR, STATE_ATTR, ModelState, model_state
 from sas.lang.pattern import Pattern
 from sas.lang.primitives import Causal
+from sas.limits import positive_length
 
 #: the attention implementation name registered with transformers
 ATTN_IMPLEMENTATION = "sas"
@@ -226,9 +227,7 @@ def _max_len(max_len: Any, config: Any) -> int:
         max_len = getattr(config, "max_position_embeddings", None)
         if max_len is None:
             raise IntegrationError("sas_attention: the model config has no max_position_embeddings; pass max_len")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise IntegrationError(f"sas_attention: max_len must be a positive integer, got {max_len!r}")
-    return max_len
+    return positive_length("sas_attention", max_len, IntegrationError)
 
 
 def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backend: str = "auto",

@@ -31,6 +31,7 @@ from sas.codegen.lower_triton import check_identifier
 from sas.codegen.triton_backend import DecodeOptions, PrefillOptions
 from sas.errors import KernelError, NotYetSupportedError
 from sas.lang.pattern import Pattern
+from sas.limits import positive_length
 from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
@@ -207,8 +208,7 @@ class SASAttnKernel(torch.nn.Module):
         if backend not in BACKENDS:
             raise KernelError(f"SASAttnKernel: unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise KernelError(f"SASAttnKernel: max_len must be a positive integer, got {max_len!r}")
+        max_len = positive_length("SASAttnKernel", max_len)
         other_inputs = {} if other_inputs is None else other_inputs
         if not isinstance(other_inputs, Mapping):
             raise KernelError(f"SASAttnKernel: other_inputs must be a mapping name -> tensor, "
