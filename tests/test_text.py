@@ -231,10 +231,18 @@ def test_the_paper_figure_7a_listing():
 @pytest.mark.parametrize("literal, value", [
     ("0", 0), ("7", 7), ("1024", 1024), ("1_024", 1024), ("16K", 16 * 1024), ("16k", 16 * 1024),
     ("1K", 1024), ("1M", 1024 * 1024), ("2m", 2 * 1024 * 1024), ("128K", 128 * 1024),
-    ("-1K", -1024), ("-3", -3), ("-0", 0),
+    ("-1K", -1024), ("-3", -3), ("-0", 0), ("1G", 1024 ** 3), ("3g", 3 * 1024 ** 3),
 ])
 def test_integer_literals(literal, value):
     assert one(f"p = Diag({literal}, 1)") == Diag(value, 1)
+
+
+def test_a_byte_order_mark_is_not_text():
+    """Text that starts with a byte-order mark (as a Windows editor saves it) parses as the text
+    without it, with the same error positions."""
+    assert one("\ufeffp = Diag(0, 1)") == Diag(0, 1)
+    with pytest.raises(ParseError, match="line 1, column 9 is not closed"):
+        load_sas("\ufeffp = Diag(0, 1")
 
 
 def test_size_literals_inside_tuples():

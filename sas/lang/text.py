@@ -53,7 +53,7 @@ SCORE_METHODS: tuple[str, ...] = tuple(
 )
 _RESERVED = frozenset(PRIMITIVES) | {"None", "true", "false", "True", "False"}
 
-_SIZE_SUFFIX = {"k": 1024, "m": 1024 * 1024}
+_SIZE_SUFFIX = {"k": 1024, "m": 1024 * 1024, "g": 1024 ** 3}
 
 # How terminals are named in syntax-error messages (string terminals show their text).
 _TERMINAL_NAMES = {
@@ -105,6 +105,7 @@ def parse_sas(text: str, filename: str = "<sas>") -> dict[str, Pattern]:
     """
     if not isinstance(text, str):
         raise ParseError(f"{filename}: .sas text must be a str, got {type(text).__name__}")
+    text = text.removeprefix("\ufeff")     # a byte-order mark, as a file read with utf-8-sig drops it
     try:
         # The trailing newline ends the last definition; positions in `text` are unchanged.
         tree = _parser().parse(text + "\n")
