@@ -196,11 +196,11 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
     ("2000 alternating levels", lambda: load_sas(
         "a = Diag(0, 4)\np = " + "a * (a + (" * 1000 + "a" + "))" * 1000), ParseError,
      ("nested", "limit is 100", "line 2")),
-    # each name used twice: 2^30 terms if nothing stopped it; line 15 would have 2^14 + 1 nodes
+    # each name used twice: 2^30 terms if nothing stopped it; line 17 would have 2^16 + 1 nodes
     ("a name doubled 30 times", lambda: load_sas(
         "a0 = Diag(0, 1)\n" + "".join(f"a{i} = a{i - 1} + a{i - 1}\n" for i in range(1, 31)) + "p = a30 * Causal()"),
-     ParseError, ("16385 nodes", "limit is 16384", "line 15", "column 11")),
-    ("a sum of 16384 terms", lambda: Or(*[Diag(0, 1)] * 16384), PatternError, ("16385 nodes", "limit is 16384")),
+     ParseError, ("65537 nodes", "limit is 65536", "line 17", "column 11")),
+    ("a sum of 65536 terms", lambda: Or(*[Diag(0, 1)] * 65536), PatternError, ("65537 nodes", "limit is 65536")),
 ]
 
 

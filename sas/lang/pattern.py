@@ -39,8 +39,10 @@ MAX_INDEX = 1 << 61
 MAX_DEPTH = 100
 #: Most nodes (primitives and operators, a shared sub-pattern counted at each use) a pattern
 #: may have: a `.sas` name used twice copies its pattern into both uses, so 30 lines of
-#: `a_k = a_(k-1) + a_(k-1)` would otherwise build 2^30 terms.
-MAX_NODES = 1 << 14
+#: `a_k = a_(k-1) + a_(k-1)` would otherwise build 2^30 terms. sas itself builds patterns of
+#: up to about twice a user pattern's nodes (a dynamic region is `full * ~static`), which
+#: leaves room for user patterns of up to about 30000 nodes.
+MAX_NODES = 1 << 16
 #: Largest `n` of `to_mask(n)`: the mask is n x n booleans (4 GiB at the limit).
 MASK_LIMIT = 1 << 16
 #: `Spread.evaluate` asks its layout only at the cells where its unit is on when those are at
