@@ -379,3 +379,19 @@ def test_smollm2_window_logits_equal_the_exact_4d_mask(smollm2):
                         + [model(seq[:, t:t + 1], **{cache_argument(model): cache}).logits for t in range(24, n)], dim=1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert cache.kv_cache_bytes() == 30 * 2 * 3 * 10 * 64 * 4
+
+
+def test_auto_backend_takes_the_differentiable_executor_where_autograd_records():
+    """backend='auto' runs a static pattern on the Triton kernels for CUDA tensors, but on the
+    torch executor (which has a backward pass) where autograd records a q that requires grad:
+    a model trained through sas_attention keeps its gradients."""
+    from types import SimpleNamespace
+
+    from sas.integrations.pattern_runtime import PatternRuntime
+    rt = PatternRuntime(Diag(0, 4) * Causal(), 64, "auto", [0])
+    cuda_q = SimpleNamespace(is_cuda=True, requires_grad=False)
+    cuda_q_grad = SimpleNamespace(is_cuda=True, requires_grad=True)
+    assert rt.use_kernel(cuda_q) and not rt.use_kernel(cuda_q_grad)
+    with torch.no_grad():
+        assert rt.use_kernel(cuda_q_grad)
+    assert PatternRuntime(Diag(0, 4) * Causal(), 64, "triton", [0]).use_kernel(cuda_q_grad)

@@ -126,10 +126,13 @@ class PatternRuntime:
 
     def use_kernel(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the compiled kernels (Triton, or CUDA for backend='cuda')
-        rather than the torch executor."""
+        rather than the torch executor. backend='auto' takes the torch executor, which is
+        differentiable, where autograd records a `t` that requires grad (the kernels have no
+        backward pass)."""
         if self.is_dynamic or self.backend in ("triton", "cuda"):
             return True
-        return self.backend == "auto" and t.is_cuda and self.triton_head_dim
+        return (self.backend == "auto" and t.is_cuda and self.triton_head_dim
+                and not (torch.is_grad_enabled() and t.requires_grad))
 
     @property
     def kernel(self) -> SASAttnKernel:

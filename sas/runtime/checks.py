@@ -5,6 +5,8 @@ by the executor itself."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from sas.errors import KernelError
@@ -65,10 +67,12 @@ def check_one_token(where: str, q: torch.Tensor, k: torch.Tensor) -> None:
                           f"{q.shape[2]} and k length {k.shape[2]}")
 
 
-def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch.Tensor, slots: int) -> None:
-    """past_k, past_v [batch, kv_heads, slots, head_dim] matching k, contiguous in head_dim."""
+def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch.Tensor, slots: int,
+                names: tuple[str, str] = ("past_k", "past_v"), new_cache: str = "kernel.new_cache(...)") -> None:
+    """past_k, past_v [batch, kv_heads, slots, head_dim] matching k, contiguous in head_dim;
+    `names`: the caller's names of the two caches, `new_cache`: how the caller makes one."""
     want = (k.shape[0], k.shape[1], slots, k.shape[3])
-    for name, c in (("past_k", past_k), ("past_v", past_v)):
+    for name, c in zip(names, (past_k, past_v)):
         if tuple(c.shape) != want:
             raise KernelError(f"{where}: {name} must have shape [batch, kv_heads, cache_size, head_dim] = "
                               f"{list(want)}, got {list(c.shape)}")
@@ -77,28 +81,31 @@ def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch
         if any(c.stride(d) == 0 for d in range(3) if c.shape[d] > 1):
             raise KernelError(f"{where}: {name} is a broadcast view (stride 0 in a dimension of size > 1, e.g. "
                               f"from .expand): its slots alias one another; pass a tensor of its own, e.g. "
-                              f"kernel.new_cache(...) or .clone()")
+                              f"{new_cache} or .clone()")
 
 
-def check_no_grad(where: str, backend: str, **tensors: object) -> None:
+def check_no_grad(where: str, backend: str, ways_out: str, **tensors: object) -> None:
     """No autograd through a backend without a backward pass: where gradients are being recorded
-    and an input requires one, refuse instead of returning an output cut off from the graph."""
+    and an input requires one, refuse instead of returning an output cut off from the graph.
+    `ways_out`: what the caller can do instead."""
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise KernelError(f"{where}: {name} requires grad, but backend={backend!r} has no backward pass (its "
-                              f"output would be silently cut off from autograd); run it under torch.no_grad() or "
-                              f"torch.inference_mode(), or use backend='torch', whose output is differentiable")
+                              f"output would be silently cut off from autograd); {ways_out}")
 
 
-def check_position(where: str, position: object, max_len: int) -> int:
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+def check_position(where: str, position: object, max_len: int, larger: str = "build the kernel with a larger "
+                   "max_len") -> int:
+    """`position` as an int (an int or numpy integer, not a bool) in 0..max_len - 1; `larger`: how
+    to get a larger max_len."""
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
         raise KernelError(f"{where}: position must be a non-negative integer, got {position!r}")
     if position >= max_len:
         raise KernelError(f"{where}: position {position} is past max_len={max_len} (the cache analysis covers "
-                          f"positions 0..{max_len - 1}); build the kernel with a larger max_len")
-    return position
+                          f"positions 0..{max_len - 1}); {larger}")
+    return int(position)
 
 
 __all__ = ["SUPPORTED_DTYPES", "check_cache", "check_no_grad", "check_one_token", "check_position", "check_qkv",

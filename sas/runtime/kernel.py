@@ -95,7 +95,7 @@ class _StaticSession:
         check_tensors(where, q=q, past_k=past_k, past_v=past_v)
         check_cache(where, past_k, past_v, k, max(1, self.plan.cache_size))
         check_one_token(where, q, k)
-        check_position(where, position, self.plan.max_len)
+        position = check_position(where, position, self.plan.max_len)
         return self.runtime.decode(q, k, v, past_k, past_v, position)
 
     def forward(self, q, k, v, past_k, past_v, position) -> torch.Tensor:
@@ -338,7 +338,11 @@ class SASAttnKernel(torch.nn.Module):
         """Only backend='torch' is differentiable: elsewhere an input that requires grad, with
         gradients being recorded, is refused (`check_no_grad`)."""
         if self.backend != "torch":
-            check_no_grad(where, self.backend, **tensors)
+            ways_out = ("run it under torch.no_grad() or torch.inference_mode(); a pattern with a Dynamic component "
+                        "has no differentiable backend" if self.plan.is_dynamic else
+                        "run it under torch.no_grad() or torch.inference_mode(), or use backend='torch', whose "
+                        "output is differentiable")
+            check_no_grad(where, self.backend, ways_out, **tensors)
 
     # --- compact caches ------------------------------------------------------------------------
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
