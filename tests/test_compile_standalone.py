@@ -182,13 +182,13 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
     one = lambda t: t[:, :, :1]  # noqa: E731
     bad_calls = [
         (lambda: attn.decode(one(q).repeat(2, 1, 1, 1), one(k).repeat(2, 1, 1, 1), one(v).repeat(2, 1, 1, 1),
-                             kc, vc, 8), ("past_k", "[2, 1, 4, 16]")),
+                             kc, vc, 8), ("k_cache", "[2, 1, 4, 16]")),
         (lambda: attn.decode(one(q), one(k), one(v)[:, :, :, :8], kc, vc, 8), ("v", "head_dim 8")),
         (lambda: attn.decode(one(q)[:, :1].repeat(1, 3, 1, 1), one(k).repeat(1, 2, 1, 1), one(v).repeat(1, 2, 1, 1),
                              kc, vc, 8), ("3 heads", "multiple")),
         (lambda: attn.decode(one(q), one(k), one(v), kc.half(), vc, 8), ("k_cache", "float16")),
         (lambda: attn.decode(one(q), one(k), one(v), kc, vc, 8.0), ("position", "8.0")),
-        (lambda: attn.decode(one(q), one(k), one(v), kc, vc, 16), ("position 16", "max_len=16")),
+        (lambda: attn.decode(one(q), one(k), one(v), kc, vc, 16), ("position 16", "max_len=16", "--max-len")),
         (lambda: attn.decode(q, k, v, kc, vc, 8), ("one token",)),
         (lambda: attn.prefill(q, k, v[:, :, :6]), ("k and v", "same shape")),
         (lambda: attn.prefill(q[0], k[0], v[0]), ("q", "4-D")),
@@ -204,6 +204,7 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
                     max_len=16, head_dim=16, dtype="float32", num_heads=2, num_kv_heads=1)
     attn = load_package(dyn, "compiled_checks_dynamic")
     attn.prefill(q, k, v)
+    held = attn.held_keys()
     q1, k1, v1 = one(q), one(k), one(v)
     for call, words in [(lambda: attn.decode(q1.repeat(2, 1, 1, 1), k1.repeat(2, 1, 1, 1), v1.repeat(2, 1, 1, 1)),
                          ("prompt's batch", "(1, 2, 1, 16)", "(2, 2, 1, 16)")),
@@ -212,5 +213,6 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
         with pytest.raises(ValueError) as e:
             call()
         assert all(w in str(e.value) for w in words), (words, str(e.value))
+    assert attn.held_keys() == held and attn.kernel.runtime.length == 8     # nothing ran
     out = attn.decode(q1, k1, v1)          # the runtime is still usable, at position 8
-    assert out.shape == q1.shape and torch.isfinite(out).all()
+    assert out.shape == q1.shape and torch.isfinite(out).all() and attn.kernel.runtime.length == 9

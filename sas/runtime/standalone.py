@@ -269,11 +269,12 @@ class StaticKernel:
         check_qkv("decode", q, k, v)
         check_one_token("decode", q, k)
         check_device("decode", q)
-        check_cache("decode", k_cache, v_cache, k, max(1, int(mod.CACHE_SIZE)))
+        check_cache("decode", k_cache, v_cache, k, max(1, int(mod.CACHE_SIZE)), names=("k_cache", "v_cache"),
+                    new_cache="new_cache(...)")
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
             if c.dtype != q.dtype or c.device != q.device:
                 raise ValueError(f"decode: {name} is {c.dtype} on {c.device} but q is {q.dtype} on {q.device}")
-        position = check_position("decode", position, self.max_len)
+        position = check_position("decode", position, self.max_len, "compile the package with a larger --max-len")
         if num_splits is None:
             # (a package compiled before the query groups' rule has no GROUP_ONE_WAVE_FROM)
             group = {"group": q.shape[1] // k.shape[1]} if hasattr(mod, "GROUP_ONE_WAVE_FROM") else {}
