@@ -4,27 +4,27 @@ so a reader never sees one half-written and a failure leaves the old file (or no
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Callable
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def replace_file(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """`write(tmp)` fills a temporary file beside `path` (folders created), which then replaces
-    `path`; the file gets the permissions a new file gets under the umask (a bare
-    `tempfile.mkstemp` file is 0600). On any error the temporary file is removed."""
+    `path`. The file is created with mode 0666 less the process's umask, as a plain new file
+    would be (a `tempfile.mkstemp` file is 0600; reading the umask would set it for a moment,
+    for every thread). On any error the temporary file is removed."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    while True:
+        tmp = str(out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
         write(tmp)
         os.replace(tmp, out)
     except BaseException:
