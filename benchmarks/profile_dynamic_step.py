@@ -45,7 +45,8 @@ COPY = STATE + ("pos",)
 def state_digest(st: dh.State) -> str:
     """SHA-256 of the state's bytes after `prepare`'s one decode step (the cache, the pool's keys
     and flags, the staging, the position), for comparing template variants (`SAS_TEMPLATE_DIR`)
-    that must leave the same state: equal across runs of one template. The accumulated scores
+    that must leave the same state: equal across runs of one template in practice (eviction
+    follows the scores, so a near-tie could still differ). The accumulated scores
     are left out: the prefill adds them with float atomics, so their low bits differ from run to
     run (H100, 2026-11-28)."""
     h = hashlib.sha256()

@@ -93,7 +93,7 @@ def test_bounded_region_expires_keys():
 
 
 def test_many_keys_entering_at_once_are_copied_in_several_chunks():
-    """Chunks of 20: at each chunk's end its 20 keys enter the pool at once, more than the update
+    """Blocks of 20: at each block's end its 20 keys enter the pool at once, more than the update
     kernel's 16 keys a chunk, so their K/V rows are copied in two chunks (and evicted down to the
     budget at the next step)."""
     static = (Rect(size=(20, 20)) >> Diag(0, 1)) * Causal()
