@@ -277,6 +277,8 @@ def test_compile_dynamic_pattern_is_refused(tmp_path):
     h2o = Diag(0, 4) + Diag(4, None) * Dynamic(budget=2, score=ops.attn_score().sum(dim=1))
     with pytest.raises(NotYetSupportedError, match="static patterns only"):
         compile_pattern(h2o, tmp_path / "k", backend="cuda", max_len=64)
+    with pytest.raises(NotYetSupportedError, match="static patterns only"):     # before the head dim
+        compile_pattern(h2o, tmp_path / "k", backend="cuda", max_len=64, head_dim=16)
     assert not (tmp_path / "k").exists()
 
 

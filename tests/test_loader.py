@@ -22,6 +22,11 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+def test_a_path_that_is_not_a_path_is_named():
+    with pytest.raises(SASError, match="load_pattern: path must be a str or os.PathLike.*got int"):
+        load_pattern(123)
+
+
 # --- .py scripts -----------------------------------------------------------------------------
 
 def test_python_script(tmp_path):

@@ -31,12 +31,12 @@ FILES = ("kernels.cu", "loader.py", "report.json", "report.md")
 def cuda_files(plan: Any, head_dim: int, dtype: str, num_heads: int, num_kv_heads: int,
                batch: int) -> tuple[dict[str, str | bytes], dict[str, Any]]:
     """Files and report for a static plan (every check, and nvcc, before returning)."""
-    check_head_dim(head_dim, "compile_pattern")
-    dtype_code = check_dtype(dtype, "compile_pattern")
-    if plan.is_dynamic:
+    if plan.is_dynamic:     # first: no head dim or dtype makes a Dynamic pattern compile here
         raise NotYetSupportedError(
             "compile_pattern: the cuda backend compiles static patterns only; a pattern with a Dynamic component "
             "compiles with --backend triton")
+    check_head_dim(head_dim, "compile_pattern")
+    dtype_code = check_dtype(dtype, "compile_pattern")
     analysis = plan.analysis if plan.can_decode else None
     cs = render_cuda(plan.pattern, analysis)
     check_compiles(cs.source, DEFAULT_ARCH, dtype=dtype_code, head_dim=head_dim)

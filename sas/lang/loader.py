@@ -167,6 +167,9 @@ def load_pattern(path: str | os.PathLike[str]) -> Pattern:
     not define a `pattern`, or the file does not parse; `SASError`s raised by the script
     itself propagate unchanged.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise SASError(f"load_pattern: path must be a str or os.PathLike naming a .py or .sas file, got "
+                       f"{type(path).__name__}")
     p = Path(path)
     loader = LOADERS.get(p.suffix.lower())
     if loader is None:
