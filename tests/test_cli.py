@@ -403,12 +403,17 @@ def test_plot_file_takes_the_umask_permissions(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
 
 
-def test_inspect_names_a_peak_at_query_0(tmp_path):
-    f = tmp_path / "first_column.sas"
-    f.write_text("pattern = Rect(cols=(0, 1)) * Causal()\n")
-    r = run("inspect", f, "--max-len", "16")
+def inspect_text(tmp_path, text: str, max_len: int) -> str:
+    """`sas inspect` of a .sas file holding `text` at `max_len`: its output (exit code 0)."""
+    f = tmp_path / "p.sas"
+    f.write_text(text + "\n")
+    r = run("inspect", f, "--max-len", str(max_len))
     assert r.exit_code == 0, r.output
-    assert "peak at:      query 0" in r.stdout
+    return r.stdout
+
+
+def test_inspect_names_a_peak_at_query_0(tmp_path):
+    assert "peak at:      query 0" in inspect_text(tmp_path, "pattern = Rect(cols=(0, 1)) * Causal()", 16)
 
 
 def test_plot_window_and_many_slots(tmp_path):
@@ -519,13 +524,9 @@ def test_compile_help_names_every_backend():
 
 
 def test_inspect_says_a_budget_is_clamped_to_max_len(tmp_path):
-    f = tmp_path / "big_budget.sas"
-    f.write_text("pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=1000)\n")
-    r = run("inspect", f, "--max-len", "32")
-    assert r.exit_code == 0, r.output
-    assert "budget:     30 (Dynamic(budget=1000) clamped: within max_len=32" in r.stdout
-    r = run("inspect", f, "--max-len", "4096")
-    assert "budget:     1000\n" in r.stdout
+    text = "pattern = Diag(0, 2) + Diag(2, None) * Dynamic(budget=1000)"
+    assert "budget:     30 (Dynamic(budget=1000) clamped: within max_len=32" in inspect_text(tmp_path, text, 32)
+    assert "budget:     1000\n" in inspect_text(tmp_path, text, 4096)
 
 
 def test_inspect_a_fraction_budget():
