@@ -154,6 +154,7 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
 
     from sas.evaluation.cache_bytes import kv_cache_bytes
     from sas.evaluation.report import default_apply, fmt_bytes
+    from sas.integrations.parallel import end_process_group
     from sas.models import ModelShape, check_tensor_parallel, load_model, parse_device, resolve_model
 
     dev = parse_device(device)
@@ -167,30 +168,36 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
             raise ModelCommandError(f"sas generate --tp {tp}: a rank exited with status {code} (its error is above)")
         return
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, tp=tp)
-    lead = tp == 1 or int(os.environ.get("RANK", "0")) == 0      # under --tp only rank 0 writes
-    if raw or not getattr(tokenizer, "chat_template", None):
-        text, special = prompt, True
-    else:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        special = False
-    ids = torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], device=model.device)
-    total = ids.shape[1] + max_new_tokens
-    cache = kv_cache_bytes(p, total, ModelShape.of(model.config), model.dtype)   # refuses a bad pattern first
-    if p is not None:
-        model = default_apply(model, p, backend=backend, max_len=total)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if lead else None
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, num_beams=1, pad_token_id=pad, streamer=streamer)
-    if not lead:
-        return
-    click.echo("")
-    new = out.shape[1] - ids.shape[1]
-    where = "" if tp == 1 else f" per rank of {tp}"
-    click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache for {total} tokens{where}: "
-               f"{fmt_bytes(cache.compact // tp)} (dense: {fmt_bytes(cache.dense // tp)})]", err=True)
+    try:
+        lead = tp == 1 or int(os.environ.get("RANK", "0")) == 0      # under --tp only rank 0 writes
+        if raw or not getattr(tokenizer, "chat_template", None):
+            text, special = prompt, True
+        else:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
+            special = False
+        ids = torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], device=model.device)
+        total = ids.shape[1] + max_new_tokens
+        cache = kv_cache_bytes(p, total, ModelShape.of(model.config), model.dtype)   # refuses a bad pattern first
+        if p is not None:
+            model = default_apply(model, p, backend=backend, max_len=total)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if lead else None
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, num_beams=1, pad_token_id=pad, streamer=streamer)
+        if lead:
+            click.echo("")
+            new = out.shape[1] - ids.shape[1]
+            where = "" if tp == 1 else f" per rank of {tp}"
+            click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache for {total} tokens{where}: "
+                       f"{fmt_bytes(cache.compact // tp)} (dense: {fmt_bytes(cache.dense // tp)})]", err=True)
+    except BaseException:
+        if tp > 1:
+            end_process_group(wait=False)
+        raise
+    if tp > 1:      # every rank, once all have finished (a live process group could abort the exit)
+        end_process_group()
 
 
 def launch_ranks(tp: int, args: list[str]) -> int:
