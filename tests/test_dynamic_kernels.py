@@ -396,6 +396,19 @@ def test_caller_held_caches_are_refused_for_dynamic_patterns():
         ker(q, q, q, torch.zeros(1, 1, 8, 16), torch.zeros(1, 1, 8, 16), position=3)
 
 
+def test_held_and_attended_keys_before_a_prompt_are_refused():
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=3), max_len=32)
+    for read in (ker.dynamic.held_keys, ker.dynamic.attended_keys):
+        with pytest.raises(KernelError, match="no prompt yet; call kernel.prefill"):
+            read()
+    q, k, v = qkv(1, 2, 1, 8, 16, seed=0)
+    ker.prefill(q.float(), k.float(), v.float())
+    assert len(ker.dynamic.held_keys()) == 1
+    ker.reset()
+    with pytest.raises(KernelError, match="no prompt yet"):
+        ker.dynamic.held_keys()
+
+
 def test_decode_before_prefill_and_past_max_len():
     ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=8)
     x = torch.randn(1, 1, 1, 16, device=DEV)

@@ -122,6 +122,8 @@ def test_generate_dense_streams_the_greedy_reply(loaded):
     (["eval", "dense", "--passkey-trials", "0"], ["--passkey-trials must be a positive integer"]),
     (["generate", "dense", "hi", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer"]),
     (["eval", "dense", "--device", "gpu0"], ["device"]),
+    (["generate", "dense", "  ", "--raw"], ["PROMPT is empty"]),
+    (["eval", "dense", "--plot", "eval.txt"], ["--plot writes a PNG image", "'eval.txt'"]),
 ])
 def test_bad_input_is_one_error_line(no_model, args, fragments):
     assert_error(run(*args), *fragments)

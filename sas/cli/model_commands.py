@@ -107,6 +107,8 @@ def _names(specs: tuple[str, ...]) -> list[str]:
 def _check_plot_path(plot: str | None) -> None:
     if plot is not None and (plot.endswith(("/", "\\")) or Path(plot).is_dir()):
         raise ModelCommandError(f"--plot must be a file name such as out/eval.png, got the folder {plot!r}")
+    if plot is not None and Path(plot).suffix.lower() != ".png":
+        raise ModelCommandError(f"--plot writes a PNG image: give a file name ending in .png, got {plot!r}")
 
 
 _model_option = click.option("--model", "model_spec", default="default", show_default=True, metavar="DIR|default",
@@ -147,6 +149,8 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
     _positive(tp, "--tp")
     _choice(backend, BACKEND_NAMES, "--backend")
     _choice(dtype, DTYPE_NAMES, "--dtype")
+    if not prompt.strip():
+        raise ModelCommandError("PROMPT is empty: give the text the model continues (or answers, without --raw)")
     p = load_pattern_arg(pattern)
     # torch / transformers: optional heavy dependencies, imported once the arguments are valid.
     import torch
@@ -176,7 +180,10 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
             text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                  add_generation_prompt=True)
             special = False
-        ids = torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], device=model.device)
+        ids = torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], dtype=torch.long,
+                           device=model.device)
+        if ids.shape[1] == 0:
+            raise ModelCommandError(f"PROMPT {prompt!r} is 0 tokens for this tokenizer: give some text")
         total = ids.shape[1] + max_new_tokens
         cache = kv_cache_bytes(p, total, ModelShape.of(model.config), model.dtype)   # refuses a bad pattern first
         if p is not None:

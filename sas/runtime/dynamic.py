@@ -200,12 +200,18 @@ class DynamicRuntime:
     def attended_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the keys the next decode query will attend through the
         pool (held and loaded, in its region row), sorted."""
+        self._started("attended_keys")
         return self.rt.attended_keys()
 
     def held_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the keys the dynamic selection holds after the last step
         (sorted; the keys already staged for the next query are not counted)."""
+        self._started("held_keys")
         return self.rt.held_keys()
+
+    def _started(self, where: str) -> None:
+        if self.rt.state is None:
+            raise KernelError(f"SASAttnKernel.dynamic.{where}: no prompt yet; call kernel.prefill(q, k, v) first")
 
 
 __all__ = ["DynamicRuntime"]

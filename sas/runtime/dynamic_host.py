@@ -584,10 +584,15 @@ class Runtime:
                                    st.flags))
 
     # --- what the selection holds -------------------------------------------------------------
+    def _started(self, where: str) -> State:
+        if self.state is None:
+            raise RuntimeError(f"Runtime.{where}: no prompt yet; call prefill (or start) first")
+        return self.state
+
     def held_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the keys the dynamic selection holds after the last step
         (sorted; keys already staged for the next query are not counted)."""
-        st = self.state
+        st = self._started("held_keys")
         B, H, Hkv = self.shape[:3]
         keys = st.keys.to(torch.int64)
         enter = self.tables["enter_at"].to(keys.device, torch.int64)[keys.clamp(min=0)]
@@ -597,7 +602,7 @@ class Runtime:
 
     def attended_keys(self) -> list[list[list[int]]]:
         """Per batch entry and KV head: the pool keys the next decode query attends, sorted."""
-        st = self.state
+        st = self._started("attended_keys")
         B, H, Hkv = self.shape[:3]
         keys = st.keys.to(torch.int64)
         loaded = ((st.flags & 2) != 0) & (keys >= 0)
