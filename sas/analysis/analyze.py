@@ -23,7 +23,7 @@ from sas.errors import AnalysisError, AnalysisLimitError, EmptyPatternError
 from sas.ir.periodicity import NON_PERIODIC, Structure, structure
 from sas.lang.pattern import MAX_INDEX, Pattern
 from sas.lang.primitives import Causal
-from sas.limits import check_host_bytes, host_table_limit
+from sas.limits import check_host_bytes, host_table_limit, positive_length
 
 #: Up to this length a per-token table is preferred to a padded closed form (more slots than
 #: the minimal cache) for periodic patterns without a minimal closed form; beyond it the padded
@@ -157,8 +157,7 @@ class Analysis:
 
 
 def _check_len(max_len: Any) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len <= 0:
-        raise AnalysisError(f"max_len must be a positive integer, got {max_len!r}")
+    max_len = positive_length("analyze", max_len, AnalysisError)
     if max_len > MAX_INDEX:
         raise AnalysisError(f"max_len must be at most 2**61 (the largest index sas handles), got {max_len}")
     return int(max_len)

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .checks import check_cache, check_one_token, check_position, check_qkv
+from .checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
 
 #: the file beside the kernels holding the plan's tables (torch.save of a dict)
 PLAN_FILE = "plan.pt"
@@ -271,9 +271,7 @@ class StaticKernel:
         check_device("decode", q)
         check_cache("decode", k_cache, v_cache, k, max(1, int(mod.CACHE_SIZE)), names=("k_cache", "v_cache"),
                     new_cache="new_cache(...)")
-        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if c.dtype != q.dtype or c.device != q.device:
-                raise ValueError(f"decode: {name} is {c.dtype} on {c.device} but q is {q.dtype} on {q.device}")
+        check_tensors("decode", q=q, k_cache=k_cache, v_cache=v_cache)     # their dtypes and devices
         position = check_position("decode", position, self.max_len, "compile the package with a larger --max-len")
         if num_splits is None:
             # (a package compiled before the query groups' rule has no GROUP_ONE_WAVE_FROM)
