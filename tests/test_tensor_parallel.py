@@ -51,7 +51,7 @@ def tiny93(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                            *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)

@@ -158,7 +158,7 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
 
     from sas.evaluation.cache_bytes import kv_cache_bytes
     from sas.evaluation.report import default_apply, fmt_bytes
-    from sas.integrations.parallel import end_process_group
+    from sas.integrations.parallel import end_process_group, exit_rank
     from sas.models import ModelShape, check_tensor_parallel, load_model, parse_device, resolve_model
 
     dev = parse_device(device)
@@ -203,8 +203,8 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
         if tp > 1:
             end_process_group(wait=False)
         raise
-    if tp > 1:      # every rank, once all have finished (a live process group could abort the exit)
-        end_process_group()
+    if tp > 1:      # every rank, once all have finished: gloo's teardown at exit could abort (exit_rank)
+        exit_rank(0)
 
 
 def launch_ranks(tp: int, args: list[str]) -> int:
@@ -212,7 +212,8 @@ def launch_ranks(tp: int, args: list[str]) -> int:
     this machine) and return the first non-zero exit status (0: all ranks succeeded)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
            "-m", "sas.cli", *args]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # faulthandler: a rank that crashes in native code prints where its Python threads were
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONFAULTHANDLER="1")
     return subprocess.run(cmd, env=env, check=False).returncode
 
 

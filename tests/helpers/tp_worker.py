@@ -18,7 +18,7 @@ import torch
 
 from sas import Causal, Diag, Dynamic, Rect, ops
 from sas.errors import NotYetSupportedError
-from sas.integrations.parallel import end_process_group
+from sas.integrations.parallel import exit_rank
 from sas.integrations.transformers import SASCache, output_cache, sas_attention
 from sas.models import load_model
 
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     if int(os.environ["RANK"]) == 0:
         with open(out, "w") as f:
             json.dump(results, f)
-    end_process_group()     # every rank: a live process group could abort the exit
+    exit_rank(0)     # every rank: gloo's teardown at exit could abort
 
 
 if __name__ == "__main__":
