@@ -126,6 +126,24 @@ def test_kernel_and_compile_take_the_plan(tmp_path):
         SASAttnKernel(plan="plan")  # type: ignore[arg-type]
 
 
+def test_compile_takes_the_shapes_the_plan_was_made_for(tmp_path):
+    plan = make_plan(SMALL_STREAMING, 64, head_dim=64, num_heads=4, num_kv_heads=2, dtype="float32")
+    rep = compile_pattern(SMALL_STREAMING, tmp_path / "a", plan=plan)
+    assert (rep["head_dim"], rep["dtype"], rep["num_heads"], rep["num_kv_heads"]) == (64, "float32", 4, 2)
+    rep = compile_pattern(SMALL_STREAMING, tmp_path / "b", plan=plan, head_dim=64, dtype=torch.float32)
+    assert (rep["head_dim"], rep["dtype"]) == (64, "float32")          # the same shapes, given again
+    for kwargs, name in (({"head_dim": 128}, "head_dim"), ({"dtype": "bf16"}, "dtype"),
+                         ({"num_heads": 8}, "num_heads"), ({"num_kv_heads": 4}, "num_kv_heads")):
+        with pytest.raises(KernelError, match=f"{name}=.* but the plan was made for {name}="):
+            compile_pattern(SMALL_STREAMING, tmp_path / "c", plan=plan, **kwargs)
+        assert not (tmp_path / "c").exists()                                  # refused before any work
+    with pytest.raises(KernelError, match="unsupported dtype 'int8'"):
+        compile_pattern(SMALL_STREAMING, tmp_path / "c", plan=plan, dtype="int8")
+    bare = make_plan(SMALL_STREAMING, 64)                                   # no shapes: the defaults
+    rep = compile_pattern(SMALL_STREAMING, tmp_path / "d", plan=bare)
+    assert (rep["head_dim"], rep["dtype"], rep["num_heads"], rep["num_kv_heads"]) == (128, "bfloat16", 1, 1)
+
+
 def test_attended_fraction_is_the_oracle_row_over_the_cache():
     for p, n in ((SMALL_STREAMING, 200), ((Rect(size=(16, 16)) >> Diag(0, 1)) * Rect(stride=4) * Causal(), 256)):
         a = analyze(p, max_len=n)

@@ -113,8 +113,8 @@ def _prefill_report(pattern: Pattern, sched: TileSchedule, plan_bytes: int) -> d
 
 
 def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str = "triton", *,
-                    max_len: int | None = None, head_dim: int = 128, dtype: Any = "bfloat16",
-                    num_heads: int = 1, num_kv_heads: int | None = None, batch: int = 1,
+                    max_len: int | None = None, head_dim: int | None = None, dtype: Any = None,
+                    num_heads: int | None = None, num_kv_heads: int | None = None, batch: int = 1,
                     prefill_options: PrefillOptions | None = None,
                     decode_options: DecodeOptions | None = None, analysis: Any = None,
                     plan: Plan | None = None, force: bool = False) -> dict[str, Any]:
@@ -122,7 +122,9 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     written as report.json / report.md). An existing `out_dir` is replaced when it is empty or
     sas wrote it, any other only with `force=True` (`check_output_folder`). `plan` may pass a
     `sas.plan.make_plan` result for this pattern (then max_len, options and the analysis come
-    from it); `max_len` defaults to 16384."""
+    from it, and the shapes it was made for: head_dim, dtype, num_heads, num_kv_heads; a shape
+    given here that differs is refused). Defaults: max_len 16384, head_dim 128, bfloat16, one
+    head (num_kv_heads: num_heads)."""
     if not isinstance(pattern, Pattern):
         raise SASError(f"compile_pattern: pattern must be a sas Pattern, got {type(pattern).__name__}")
     if backend not in BACKENDS:
@@ -137,6 +139,11 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
         if given:
             raise KernelError(f"compile_pattern: with plan=, give {', '.join(given)} to make_plan instead")
         max_len = plan.max_len
+        head_dim, dtype, num_heads, num_kv_heads = _plan_shapes(plan, head_dim=head_dim, dtype=dtype,
+                                                                num_heads=num_heads, num_kv_heads=num_kv_heads)
+    head_dim = 128 if head_dim is None else head_dim
+    dtype = "bfloat16" if dtype is None else dtype
+    num_heads = 1 if num_heads is None else num_heads
     max_len = DEFAULT_MAX_LEN if max_len is None else max_len
     max_len = positive_length("compile_pattern", max_len)
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -169,6 +176,24 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
         files, report = _static_files(plan, backend, **shapes)
     _write_folder(Path(out_dir), files, force)
     return report
+
+
+def _plan_shapes(plan: Plan, **given: Any) -> tuple[Any, ...]:
+    """(head_dim, dtype, num_heads, num_kv_heads): each from the caller, else from the plan (None
+    where neither has it); a caller's value that differs from the plan's is a KernelError."""
+    out = []
+    for name, value in given.items():
+        made = getattr(plan, name)
+        if value is not None and made is not None:
+            try:
+                same = dtype_name(value) == made if name == "dtype" else value == made
+            except KernelError:      # not a dtype: refused below, with the supported ones
+                same = True
+            if not same:
+                raise KernelError(f"compile_pattern: {name}={value!r} but the plan was made for {name}={made!r}; "
+                                  f"make the plan with the shapes it compiles for")
+        out.append(made if value is None else value)
+    return tuple(out)
 
 
 def _common_report(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads: int, num_kv_heads: int,
