@@ -192,6 +192,20 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
         (lambda: attn.decode(q, k, v, kc, vc, 8), ("one token",)),
         (lambda: attn.prefill(q, k, v[:, :, :6]), ("k and v", "same shape")),
         (lambda: attn.prefill(q[0], k[0], v[0]), ("q", "4-D")),
+        (lambda: attn.prefill(q.clone().requires_grad_(), k, v), ("q requires grad", "torch.no_grad()")),
+        (lambda: attn.decode(one(q), one(k).clone().requires_grad_(), one(v), kc, vc, 8), ("k requires grad",)),
+        # fill_cache: before, a short v wrote k_cache and then failed (an IndexError), half-written
+        (lambda: attn.fill_cache(k, v[:, :, :6], kc, vc), ("k and v", "same shape")),
+        (lambda: attn.fill_cache(k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1), kc, vc), ("k_cache", "batch 1")),
+        (lambda: attn.fill_cache(k.half(), v.half(), kc, vc), ("k_cache", "float32")),
+        (lambda: attn.fill_cache(k[..., :8], v[..., :8], kc, vc), ("k_cache", "head_dim")),
+        (lambda: attn.fill_cache(k, v, kc[:, :, :2], vc[:, :, :2]), ("k_cache", "[1, 1, 4, 16]")),
+        (lambda: attn.fill_cache(qkv(1, 1, 1, 20, 16, 2)[1], qkv(1, 1, 1, 20, 16, 2)[2], kc, vc),
+         ("prompt length 20", "max_len=16")),
+        (lambda: attn.new_cache(1, 1, 16, torch.int32), ("dtype", "torch.int32")),
+        (lambda: attn.new_cache(-1, 1, 16, torch.float32), ("batch", "positive")),
+        (lambda: attn.new_cache(1, 1, 16, "float32"), ("dtype", "'float32'")),
+        (lambda: attn.new_cache(1, 1, 16, torch.float32, "gpu7"), ("device", "'gpu7'")),
     ]
     for call, words in bad_calls:
         with pytest.raises(ValueError) as e:
@@ -209,7 +223,8 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
     for call, words in [(lambda: attn.decode(q1.repeat(2, 1, 1, 1), k1.repeat(2, 1, 1, 1), v1.repeat(2, 1, 1, 1)),
                          ("prompt's batch", "(1, 2, 1, 16)", "(2, 2, 1, 16)")),
                         (lambda: attn.decode(q1.double(), k1.double(), v1.double()), ("q", "float64")),
-                        (lambda: attn.decode(q1, k1[:, :, :, :8], v1), ("k", "head_dim 8"))]:
+                        (lambda: attn.decode(q1, k1[:, :, :, :8], v1), ("k", "head_dim 8")),
+                        (lambda: attn.decode(q1.clone().requires_grad_(), k1, v1), ("q requires grad",))]:
         with pytest.raises(ValueError) as e:
             call()
         assert all(w in str(e.value) for w in words), (words, str(e.value))

@@ -84,6 +84,44 @@ def check_cache(where: str, past_k: torch.Tensor, past_v: torch.Tensor, k: torch
                               f"{new_cache} or .clone()")
 
 
+def check_geometry(where: str, batch: object, num_kv_heads: object, head_dim: object) -> tuple[int, int, int]:
+    """batch, num_kv_heads and head_dim of a compact cache: positive integers (ints or numpy
+    integers, not bools), returned as ints."""
+    for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
+            raise KernelError(f"{where}: {name} must be a positive integer, got {x!r}")
+    return int(batch), int(num_kv_heads), int(head_dim)  # type: ignore[call-overload]
+
+
+def check_new_cache(where: str, batch: object, num_kv_heads: object, head_dim: object, dtype: object,
+                    device: object) -> tuple[tuple[int, int, int], torch.device | None]:
+    """The arguments of new_cache: (batch, num_kv_heads, head_dim) as ints and the device (None:
+    torch's default)."""
+    geometry = check_geometry(where, batch, num_kv_heads, head_dim)
+    if dtype not in SUPPORTED_DTYPES:
+        raise KernelError(f"{where}: dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
+    if device is None:
+        return geometry, None
+    try:
+        return geometry, torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError) as e:
+        raise KernelError(f"{where}: device must be a torch device such as 'cpu' or 'cuda:0', got {device!r} "
+                          f"({e})") from None
+
+
+def check_fill(where: str, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               slots: int, max_len: int, names: tuple[str, str] = ("past_k", "past_v"),
+               new_cache: str = "kernel.new_cache(...)") -> None:
+    """The arguments of fill_cache: a prompt's k, v [B, Hkv, L, D] (one shape, L <= max_len) and
+    compact caches that match them (`check_cache`), all of one dtype and device."""
+    check_tensors(where, k=k, v=v, **dict(zip(names, (k_cache, v_cache))))
+    if k.shape != v.shape:
+        raise KernelError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    check_cache(where, k_cache, v_cache, k, slots, names=names, new_cache=new_cache)
+    if k.shape[2] > max_len:
+        raise KernelError(f"{where}: prompt length {k.shape[2]} exceeds max_len={max_len}")
+
+
 def check_no_grad(where: str, backend: str, ways_out: str, **tensors: object) -> None:
     """No autograd through a backend without a backward pass: where gradients are being recorded
     and an input requires one, refuse instead of returning an output cut off from the graph.
@@ -108,5 +146,5 @@ def check_position(where: str, position: object, max_len: int, larger: str = "bu
     return int(position)
 
 
-__all__ = ["SUPPORTED_DTYPES", "check_cache", "check_no_grad", "check_one_token", "check_position", "check_qkv",
+__all__ = ["SUPPORTED_DTYPES", "check_cache", "check_fill", "check_geometry", "check_new_cache", "check_no_grad", "check_one_token", "check_position", "check_qkv",
            "check_tensors"]

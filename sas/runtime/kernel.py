@@ -36,8 +36,8 @@ from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
-from sas.runtime.checks import (SUPPORTED_DTYPES, check_cache, check_no_grad, check_one_token, check_position,
-                               check_qkv, check_tensors)
+from sas.runtime.checks import (check_cache, check_fill, check_geometry, check_new_cache, check_no_grad,
+                               check_one_token, check_position, check_qkv, check_tensors)
 from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
@@ -350,15 +350,7 @@ class SASAttnKernel(torch.nn.Module):
         """Zeroed compact caches (k, v), each [batch, num_kv_heads, cache_size, head_dim]."""
         where = "SASAttnKernel.new_cache"
         self._static_cache(where)
-        _check_geometry(where, batch, num_kv_heads, head_dim)
-        if dtype not in SUPPORTED_DTYPES:
-            raise KernelError(f"{where}: dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
-        if device is not None:
-            try:
-                device = torch.device(device)
-            except (RuntimeError, TypeError) as e:
-                raise KernelError(f"{where}: device must be a torch device such as 'cpu' or 'cuda:0', got "
-                                  f"{device!r} ({e})") from None
+        (batch, num_kv_heads, head_dim), device = check_new_cache(where, batch, num_kv_heads, head_dim, dtype, device)
         return self._session.runtime.new_cache(batch, num_kv_heads, head_dim, dtype, device)
 
     def fill_cache(self, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
@@ -366,12 +358,7 @@ class SASAttnKernel(torch.nn.Module):
         token-by-token decoding would have left them."""
         where = "SASAttnKernel.fill_cache"
         self._static_cache(where)
-        check_tensors(where, k=k, v=v, past_k=past_k, past_v=past_v)
-        check_cache(where, past_k, past_v, k, max(1, self.plan.cache_size))
-        if k.shape != v.shape:
-            raise KernelError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-        if k.shape[2] > self.max_len:
-            raise KernelError(f"{where}: prompt length {k.shape[2]} exceeds max_len={self.max_len}")
+        check_fill(where, k, v, past_k, past_v, max(1, self.plan.cache_size), self.max_len)
         self._session.runtime.fill_cache(k, v, past_k, past_v)
 
     def _static_cache(self, where: str) -> None:
@@ -391,7 +378,7 @@ class SASAttnKernel(torch.nn.Module):
             dtype = kc.dtype if dtype is None else dtype
         if None in (batch, num_kv_heads, head_dim):
             raise KernelError(f"{what}: no cache yet; call prefill first or pass batch, num_kv_heads and head_dim")
-        _check_geometry(what, batch, num_kv_heads, head_dim)
+        batch, num_kv_heads, head_dim = check_geometry(what, batch, num_kv_heads, head_dim)
         dtype = torch.bfloat16 if dtype is None else dtype
         if not isinstance(dtype, torch.dtype):
             raise KernelError(f"{what}: dtype must be a torch.dtype, got {dtype!r}")
@@ -407,13 +394,6 @@ class SASAttnKernel(torch.nn.Module):
                              head_dim: int | None = None, dtype: torch.dtype | None = None) -> int:
         """Bytes a dense cache of max_len positions would take."""
         return 2 * self.max_len * self._cache_geometry("dense_kv_cache_bytes", batch, num_kv_heads, head_dim, dtype)
-
-
-def _check_geometry(where: str, batch: Any, num_kv_heads: Any, head_dim: Any) -> None:
-    """batch, num_kv_heads and head_dim of a compact cache: positive integers."""
-    for name, x in (("batch", batch), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
-            raise KernelError(f"{where}: {name} must be a positive integer, got {x!r}")
 
 
 __all__ = ["BACKENDS", "METHOD_RUNTIMES", "SASAttnKernel", "dynamic_runtime", "interpreting"]

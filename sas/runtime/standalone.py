@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from .checks import check_cache, check_one_token, check_position, check_qkv, check_tensors
+from .checks import (check_cache, check_fill, check_new_cache, check_no_grad, check_one_token, check_position,
+                     check_qkv, check_tensors)
 
 #: the file beside the kernels holding the plan's tables (torch.save of a dict)
 PLAN_FILE = "plan.pt"
@@ -129,6 +130,11 @@ def tile_tensors(full_ptr: torch.Tensor, full_runs: torch.Tensor, part_ptr: torc
 
 
 # --- decode helpers -----------------------------------------------------------------------------
+
+
+#: what a caller whose inputs require grad can do instead (these kernels have no backward pass)
+NO_GRAD = ("run it under torch.no_grad() or pass detached tensors; for gradients use sas's "
+           "SASAttnKernel(..., backend='torch')")
 
 
 def check_device(where: str, q: torch.Tensor) -> None:
@@ -231,6 +237,7 @@ class StaticKernel:
         Lk <= MAX_LEN positions)."""
         check_qkv("prefill", q, k, v)
         check_device("prefill", q)
+        check_no_grad("prefill", "triton", NO_GRAD, q=q, k=k, v=v)
         Lq, Lk = q.shape[2], k.shape[2]
         if not 0 < Lq <= Lk <= self.max_len:
             raise ValueError(f"prefill: need 0 < q length ({Lq}) <= k length ({Lk}) <= MAX_LEN ({self.max_len})")
@@ -248,15 +255,20 @@ class StaticKernel:
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                   device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed compact caches (k, v), each [batch, num_kv_heads, CACHE_SIZE, head_dim]."""
-        shape = (batch, num_kv_heads, max(1, int(self._decoder("new_cache").CACHE_SIZE)), head_dim)
+        slots = max(1, int(self._decoder("new_cache").CACHE_SIZE))
+        (batch, num_kv_heads, head_dim), device = check_new_cache("new_cache", batch, num_kv_heads, head_dim, dtype,
+                                                                  device)
+        shape = (batch, num_kv_heads, slots, head_dim)
         return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
     def fill_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Write a prompt's keys/values (positions 0..L-1) into the compact caches as token-by-token
         decoding would have left them."""
-        if k.shape[2] > self.max_len:
-            raise ValueError(f"fill_cache: prompt length {k.shape[2]} exceeds MAX_LEN ({self.max_len})")
-        self._decoder("fill_cache").fill_cache(k, v, k_cache, v_cache)
+        mod = self._decoder("fill_cache")
+        check_fill("fill_cache", k, v, k_cache, v_cache, max(1, int(mod.CACHE_SIZE)), self.max_len,
+                   names=("k_cache", "v_cache"), new_cache="new_cache(...)")
+        check_device("fill_cache", k)
+        mod.fill_cache(k, v, k_cache, v_cache)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, position: int, *, num_splits: int | None = None,
@@ -269,6 +281,7 @@ class StaticKernel:
         check_qkv("decode", q, k, v)
         check_one_token("decode", q, k)
         check_device("decode", q)
+        check_no_grad("decode", "triton", NO_GRAD, q=q, k=k, v=v)
         check_cache("decode", k_cache, v_cache, k, max(1, int(mod.CACHE_SIZE)), names=("k_cache", "v_cache"),
                     new_cache="new_cache(...)")
         check_tensors("decode", q=q, k_cache=k_cache, v_cache=v_cache)     # their dtypes and devices
@@ -310,6 +323,7 @@ class DynamicKernel:
         cache cut to the budget. q [B, Hq, P, D], k, v [B, Hkv, P, D], P <= MAX_LEN."""
         check_qkv("prefill", q, k, v)
         check_device("prefill", q)
+        check_no_grad("prefill", "triton", NO_GRAD, q=q, k=k, v=v)
         P = q.shape[2]
         if not 0 < P <= self.max_len or k.shape[2] != P:
             raise ValueError(f"prefill: q and k/v must have the same length P in 1..{self.max_len}, got "
@@ -323,6 +337,7 @@ class DynamicKernel:
         check_qkv("decode", q, k, v)
         check_one_token("decode", q, k)
         check_device("decode", q)
+        check_no_grad("decode", "triton", NO_GRAD, q=q, k=k, v=v)
         st = self.runtime.state
         if st is not None:
             got = (q.shape[0], q.shape[1], k.shape[1], q.shape[3])
