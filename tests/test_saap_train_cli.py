@@ -14,6 +14,7 @@ from sas.methods.saap_state import SaapStateError, load_state
 from sas.methods.saap_train import capture_qk
 
 from model_fixtures import smollm2
+from helpers.examples import EXAMPLES
 
 PATTERN = """from sas import Causal, Diag, Dynamic, Rect, ops
 dense = (Rect(cols=(0, 1)) + Diag(0, {window})) * Causal()
@@ -84,3 +85,32 @@ def test_train_refuses_a_pattern_without_partition(tmp_path, no_model):
                  "Dynamic(budget=4, score=ops.attn_score().sum(dim=1))\n")
     r = run("train", p, "-o", tmp_path / "s.safetensors")
     assert r.exit_code == 2 and "ops.partition" in r.stderr, r.output
+
+
+def test_train_needs_tokens_past_the_sink_and_window(tmp_path, no_model):
+    """The refusal names the pattern's own sink and window and the smallest --tokens, before the
+    model loads. (Found running the docs' commands: with the old default of 2048 tokens,
+    `sas train examples/saap.py` failed after loading the model, saying 'a sink of 2048 and a
+    window of 2048' for the example's sink of 1 and window of 2047.)"""
+    saap = EXAMPLES / "saap.py"
+    r = run("train", saap, "--tokens", 2048, "-o", tmp_path / "s.safetensors")
+    assert r.exit_code == 2, r.output
+    assert "a sink of 1 and a window of 2047" in r.stderr and "--tokens 2049 or more" in r.stderr, r.stderr
+    r = run("train", write_pattern(tmp_path, window=100), "--tokens", 80, "--clusters", 8, "-o", tmp_path / "s")
+    assert r.exit_code == 2 and "a sink of 1 and a window of 100" in r.stderr and "--tokens 102" in r.stderr
+
+
+def test_train_default_tokens_cover_the_example(tmp_path, loaded, monkeypatch):
+    """The documented `sas train examples/saap.py -o ...` with every default passes the checks
+    and fits the state (the fit itself is cut down: one layer, a few steps)."""
+    import sas.methods.saap_train as saap_train
+    fitted = {}
+
+    def small_fit(model, ids, pattern, name, **kw):
+        fitted.update(tokens=int(ids.shape[1]), clusters=kw["clusters"])
+        return real_fit(model, ids[:, :2200], pattern, name, **{**kw, "layers": [1], "steps": 2, "hidden": 8})
+    real_fit = saap_train.train_state
+    monkeypatch.setattr(saap_train, "train_state", small_fit)
+    r = run("train", EXAMPLES / "saap.py", "-o", tmp_path / "s.safetensors")
+    assert r.exit_code == 0, r.output
+    assert fitted == {"tokens": 4096, "clusters": 64}

@@ -55,7 +55,7 @@ def _text_ids(tokenizer: Any, text_path: Path | None, text_arg: str, tokens: int
               help="'default' (SmolLM2-135M-Instruct), a folder with config.json or a .gguf file.")
 @click.option("--text", "text_arg", default="corpus", show_default=True, metavar="corpus|FILE",
               help="Training text: the built-in corpus (sas.evaluation.text) or a UTF-8 text file.")
-@click.option("--tokens", type=int, default=2048, show_default=True, metavar="N", help="Tokens of the text to run.")
+@click.option("--tokens", type=int, default=4096, show_default=True, metavar="N", help="Tokens of the text to run.")
 @click.option("--clusters", type=int, default=64, show_default=True, metavar="C", help="k-means clusters per KV head.")
 @click.option("--layers", "layers_arg", default="all", show_default=True, metavar="all|L[,L...]",
               help="Layers to fit ('all': every layer except 0, which the paper keeps dense).")
@@ -91,13 +91,14 @@ def train(pattern: str, model_spec: str, text_arg: str, tokens: int, clusters: i
     # torch / transformers: optional heavy dependencies, imported once the arguments are valid.
     import torch
 
-    from sas.methods.saap_train import pattern_layout, train_state
+    from sas.methods.saap_train import check_tokens, pattern_layout, train_state
     from sas.models import load_model, parse_device, resolve_model
 
-    _, _, probes = pattern_layout(p, tokens)
+    sink, window, probes = pattern_layout(p, tokens)
     if probes > clusters:
         raise TrainCommandError(f"the pattern probes {probes} clusters but --clusters is {clusters}; "
                                 f"use --clusters >= {probes}")
+    check_tokens(tokens, sink, window, clusters)
     parse_device(device)
     source = resolve_model(model_spec)
     model, tokenizer = load_model(model_spec, dtype=torch.float32, device=device)

@@ -42,8 +42,14 @@ def sink_window(split: DynamicPlan, max_len: int) -> tuple[int, int]:
     """(sink, window) such that the static row i is keys [0, sink) and (i - window, i], and the
     region is the rest of the causal triangle; `NotYetSupportedError` otherwise."""
     n = min(max_len, SHAPE_ROWS)
-    st = split.static.to_mask(n)
-    last = st[n - 1]
+    while True:
+        st = split.static.to_mask(n)
+        last = st[n - 1]
+        if not last.all() or n >= SHAPE_ROWS:
+            break
+        # every key of the last row is static (a sink + window at least max_len): read the layout
+        # off longer rows, so that it is the pattern's own and not max_len's
+        n = min(2 * n, SHAPE_ROWS)
     sink = int(np.argmin(last)) if not last.all() else n
     window = int(np.argmin(last[::-1])) if not last.all() else n
     if sink + window >= n and n < max_len:

@@ -47,6 +47,15 @@ def pattern_layout(pattern: Pattern, length: int) -> tuple[int, int, int]:
     return sink, window, probes
 
 
+def check_tokens(n: int, sink: int, window: int, clusters: int) -> None:
+    """`n` tokens leave keys outside every query's sink + window, and at least `clusters` keys
+    after the sink to cluster; `SaapTrainError` naming the smallest `--tokens` otherwise."""
+    if n - sink < clusters or n <= sink + window:
+        raise SaapTrainError(f"sas train: {n} tokens are too few for {clusters} clusters with a sink of {sink} and a "
+                             f"window of {window} (need more than sink + window tokens and at least sink + clusters: "
+                             f"--tokens {max(sink + window + 1, sink + clusters)} or more)")
+
+
 def _attention_modules(model: Any) -> list[Any]:
     try:
         return [layer.self_attn for layer in model.model.layers]
@@ -102,9 +111,7 @@ def train_state(model: Any, input_ids: torch.Tensor, pattern: Pattern, model_nam
     bad = [i for i in layers if not 0 <= i < nlayers]
     if bad or not layers:
         raise SaapTrainError(f"sas train: layers must be in [0, {nlayers}), got {list(layers)}")
-    if n - sink < clusters or n <= sink + window:
-        raise SaapTrainError(f"sas train: {n} tokens are too few for {clusters} clusters with a sink of {sink} and a "
-                             f"window of {window} (need more than sink + window tokens and at least sink + clusters)")
+    check_tokens(n, sink, window, clusters)
     cap = capture_qk(model, input_ids, layers)
     hkv = cap[layers[0]].k_pre.shape[0]
     out: dict[int, SaapLayer] = {}
