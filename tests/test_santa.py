@@ -502,6 +502,26 @@ def test_bad_kernel_input():
         SantaRandom(seed=-1)
     with pytest.raises(SASError):
         SantaRandom(generator="not a generator")
+    ker = SASAttnKernel(santa_pattern(4, tile=16), max_len=64)
+    with pytest.raises(KernelError, match="kernel.dynamic.random must be a SantaRandom"):
+        ker.dynamic.random = 5
+    assert isinstance(ker.dynamic.random, SantaRandom)
+
+
+def test_each_layer_has_its_own_seeded_draws():
+    """SantaRandom.for_layer: layer 0 keeps the seed; other layers get seeds of their own, the
+    same for the same (seed, layer) and different from one another; a caller's generator (or
+    torch's global one) is shared, its successive draws already differ."""
+    base = SantaRandom(7)
+    assert base.for_layer(0) is base
+    layers = [base.for_layer(i) for i in range(1, 6)]
+    draws = [tuple(r.uniform((8,)).tolist()) for r in [base, *layers]]
+    assert len(set(draws)) == 6
+    assert tuple(SantaRandom(7).for_layer(3).uniform((8,)).tolist()) == draws[3]     # reproducible
+    assert SantaRandom(8).for_layer(3).seed != layers[2].seed                         # and seed-dependent
+    g = torch.Generator().manual_seed(1)
+    assert SantaRandom(generator=g).for_layer(4).generator is g
+    assert SantaRandom(None).for_layer(4).seed is None
 
 
 # --- the transformers integration ------------------------------------------------------------------
@@ -531,6 +551,8 @@ def test_integration_each_layer_samples_with_its_own_kernel_beside_h2o():
     kernels = [layer.kernel for layer in cache.layers]
     assert all(isinstance(k.dynamic, SantaDynamicRuntime) for k in kernels) and kernels[0] is not kernels[1]
     assert kernels[0].dynamic.random is not kernels[1].dynamic.random
+    # spec P6: each layer draws its own numbers (before, every layer drew the pattern seed's)
+    assert kernels[0].dynamic.random.seed == 0 and kernels[1].dynamic.random.seed not in (None, 0)
     assert torch.equal(seq, dense_seq)
     assert (logits - dense_logits).abs().max() < 0.05
     h2o = Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1))

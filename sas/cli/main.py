@@ -440,9 +440,10 @@ def format_dynamic_inspect(d: DynamicInspection, synthesized: bool = False) -> s
                      f"+ {plan.budget} selected (budget)")
     if d.runtime is not None:
         c = d.runtime
+        entering = "the key" if c.max_entering == 1 else f"the up to {c.max_entering} keys"
         lines.append(f"kernel cache: {c.cache_size} slots = {c.static_size} static + {c.pool_size} pool "
-                     f"(SASAttnKernel; the pool also holds the up to {c.max_entering} keys entering "
-                     f"during one decode step; score: {c.report()['score_path']})")
+                     f"(SASAttnKernel; the pool also holds {entering} entering its region during one decode step; "
+                     f"score: {c.report()['score_path']})")
     else:
         lines.append(f"kernel cache: none: SASAttnKernel cannot run this pattern: {d.runtime_error}")
     lines += [
@@ -636,12 +637,15 @@ def compile_(pattern: str, backend: str, output: str, force: bool, max_len: int,
              dtype: str) -> None:
     """Generate kernels for PATTERN into the folder given by -o.
 
-    The folder is a Python package that runs with only torch and triton: __init__.py (the
-    entry: prefill, and new_cache / fill_cache / decode), prefill.py, decode.py (causal
-    patterns), plan.pt (the tile schedule for max_len and any tables), standalone.py (its
-    host code), report.json and report.md (with usage); for a pattern with a Dynamic
-    component static_decode.py, dynamic_decode.py and dynamic_host.py instead of decode.py.
-    The folder is written whole or not at all.
+    --backend triton (the default): a Python package that runs with only torch and triton:
+    __init__.py (the entry: prefill, and new_cache / fill_cache / decode), prefill.py,
+    decode.py (causal patterns), plan.pt (the tile schedule for max_len and any tables),
+    standalone.py and checks.py (its host code and argument checks), report.json and report.md
+    (with usage); for a pattern with a Dynamic component static_decode.py, dynamic_decode.py,
+    dynamic_host.py and graph_params.py instead of decode.py. --backend cuda: kernels.cu,
+    loader.py (builds and loads it), report.json and report.md (docs/cuda.md). --backend nki:
+    nki_kernels.py, nki_decode.py, README.md and report.json (docs/nki.md). The folder is
+    written whole or not at all.
 
     An existing DIR is replaced only when it is empty or holds sas compile's own output (its
     report.json); any other folder needs --force. A symlink is kept and the folder it points

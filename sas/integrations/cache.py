@@ -104,7 +104,7 @@ class SASCacheLayer(CacheLayerMixin):
         self.dtype, self.device = key_states.dtype, key_states.device
         self._geometry = (B, H, D)
         if self.runtime.is_dynamic:
-            self.kernel = self.runtime.new_dynamic_kernel()
+            self.kernel = self.runtime.new_dynamic_kernel(self.layer_idx)
         else:
             self.keys, self.values = self.runtime.executor.new_cache(B, H, D, key_states.dtype, key_states.device)
         self.lengths = torch.zeros(B, dtype=torch.int64, device=key_states.device)
@@ -133,7 +133,7 @@ class SASCacheLayer(CacheLayerMixin):
             self.lengths.zero_()
             self.host_lengths = [0] * len(self.host_lengths)
         if self.kernel is not None:
-            self.kernel = self.runtime.new_dynamic_kernel()
+            self.kernel = self.runtime.new_dynamic_kernel(self.layer_idx)
             self.keys = self.values = None
         self.seen = 0
 

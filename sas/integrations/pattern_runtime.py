@@ -35,6 +35,7 @@ from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, IntegrationError, NotYetSupportedError
 from sas.integrations.backend_names import MODEL_BACKENDS
 from sas.lang.pattern import Pattern
+from sas.methods.santa_dynamic import SantaDynamicRuntime
 from sas.methods.specattn_runtime import is_top_p
 from sas.runtime.kernel import SASAttnKernel, interpreting
 from sas.runtime.torch_executor import TorchExecutor
@@ -143,9 +144,13 @@ class PatternRuntime:
                                          backend="cuda" if self.backend == "cuda" else "triton")
         return self._kernel
 
-    def new_dynamic_kernel(self) -> SASAttnKernel:
-        """A stateful kernel (one per layer and sequence batch) for a Dynamic pattern."""
-        return SASAttnKernel(self.pattern, max_len=self.max_len)
+    def new_dynamic_kernel(self, layer: int) -> SASAttnKernel:
+        """A stateful kernel (one per layer and sequence batch) for a Dynamic pattern of model
+        layer `layer`; SANTA's seeded draws differ from layer to layer (`SantaRandom.for_layer`)."""
+        kernel = SASAttnKernel(self.pattern, max_len=self.max_len)
+        if isinstance(kernel.dynamic, SantaDynamicRuntime):
+            kernel.dynamic.random = kernel.dynamic.random.for_layer(layer)
+        return kernel
 
     # --- compiled-kernel helpers (static) -------------------------------------------------------
     @staticmethod

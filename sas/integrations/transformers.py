@@ -114,7 +114,8 @@ def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: t
         if valid is not None or Lq != Lk:
             raise NotYetSupportedError(f"{where}: a Dynamic pattern without an SASCache runs a whole unpadded "
                                        f"prompt only")
-        return rt.new_dynamic_kernel().prefill(PatternRuntime._kernel_q(q, scale), k.contiguous(), v.contiguous())
+        return rt.new_dynamic_kernel(getattr(module, "layer_idx", 0) or 0).prefill(
+            PatternRuntime._kernel_q(q, scale), k.contiguous(), v.contiguous())
     if rt.use_kernel(q) and valid is None:
         return rt.kernel_prefill(q, k, v, None, None, scale)
     ex = rt.executor

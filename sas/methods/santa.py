@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from sas.errors import KernelError, PatternError
@@ -83,6 +84,16 @@ class SantaRandom:
     def reset(self) -> None:
         self._gens.clear()
         self.draws = 0
+
+    def for_layer(self, layer: int) -> SantaRandom:
+        """The source of model layer `layer` (spec P6: fresh draws per layer as per step): a
+        seeded source gives each layer a seed of its own, derived from (seed, layer) by numpy's
+        `SeedSequence` (layer 0 keeps the seed itself); the caller's generator or torch's global
+        one is shared, and successive layers draw successive numbers from it."""
+        if self.generator is not None or self.seed is None or layer == 0:
+            return self
+        seed = int(np.random.SeedSequence([self.seed, int(layer)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+        return SantaRandom(seed)
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self.generator is not None:

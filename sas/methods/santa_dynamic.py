@@ -29,7 +29,7 @@ import torch
 
 from sas.analysis import analyze
 from sas.dynamic.plan import DynamicPlan
-from sas.errors import NotYetSupportedError
+from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.decoder_runtime import DecoderRuntime
 from sas.methods.santa import SantaRandom
 from sas.methods.santa_runtime import SantaDecoder, SantaOptions
@@ -95,6 +95,9 @@ class SantaDynamicRuntime(DecoderRuntime):
 
     @random.setter
     def random(self, value: SantaRandom) -> None:
+        if not isinstance(value, SantaRandom):
+            raise KernelError(f"kernel.dynamic.random must be a SantaRandom (SantaRandom(seed), "
+                              f"SantaRandom(generator=g) or SantaRandom(None)), got {type(value).__name__}")
         self.decoder.random = value
 
     @property
