@@ -85,6 +85,14 @@ class ScheduleCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    # a copy (copy.deepcopy, pickle) starts empty: schedules are remade on demand, and a lock
+    # cannot be copied
+    def __getstate__(self) -> dict[str, Any]:
+        return {"size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["size"])
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:

@@ -395,3 +395,20 @@ def test_auto_backend_takes_the_differentiable_executor_where_autograd_records()
     with torch.no_grad():
         assert rt.use_kernel(cuda_q_grad)
     assert PatternRuntime(Diag(0, 4) * Causal(), 64, "triton", [0]).use_kernel(cuda_q_grad)
+
+
+def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
+    """copy.deepcopy and torch.save / torch.load of a model after sas_attention (a static pattern
+    on the torch executor, whose lowered functions are rebuilt; H2O on the kernels): the copies
+    generate the same tokens. Before, a static pattern's model failed to pickle (functions made
+    by exec)."""
+    ids = torch.randint(1, 100, (1, 8), generator=torch.Generator().manual_seed(4))
+    for pattern, backend in (((Rect(cols=(0, 2)) + Diag(0, 4)) * Causal(), "torch"),
+                             (Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1)),
+                              "triton")):
+        model = sas_attention(tiny(), pattern, backend=backend, max_len=64)
+        want = model.generate(ids, max_new_tokens=3, do_sample=False)
+        path = tmp_path / "model.pt"
+        torch.save(model, path)
+        for twin in (copy.deepcopy(model), torch.load(path, weights_only=False)):
+            assert torch.equal(twin.generate(ids, max_new_tokens=3, do_sample=False), want), (pattern, backend)

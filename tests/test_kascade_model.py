@@ -85,6 +85,21 @@ def test_budget_covering_every_key_is_the_models_attention(small):
     assert (sparse - dense).abs().max() > 1e-3         # a real selection changes the output
 
 
+def test_a_copied_model_renews_its_own_store(small):
+    """copy.deepcopy of a Kascade model: the copy's pre-hook renews the copy's step store (a
+    closure over the original's once renewed the original's; found by a new-user exploration)."""
+    ids = ids_of(small[1], 24)
+    m = fresh(small)
+    kascade_attention(m, anchors=[0, 2], frac=0.25, min_keys=4, backend="torch")
+    c = copy.deepcopy(m)
+    with torch.no_grad():
+        want, got = m(ids, use_cache=False).logits, c(ids, use_cache=False).logits
+        c(ids, use_cache=False)
+    assert (m._sas_kascade_steps.steps, c._sas_kascade_steps.steps) == (1, 2)
+    assert getattr(c.model.layers[1].self_attn, LAYER_ATTR).holder is c._sas_kascade_steps
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_reuse_layer_called_outside_a_step_with_an_anchor_is_an_error(small):
     m = fresh(small)
     kascade_attention(m, anchors=[0], backend="torch")

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sas import Causal, Diag, Dynamic, Rect, analyze  # noqa: E402
+from sas import Causal, Diag, Dynamic, Rect, analyze, ops  # noqa: E402
 from helpers.attention import DEV  # noqa: E402
 from sas.codegen import compile_pattern  # noqa: E402
 from sas.codegen.triton_backend import (  # noqa: E402
@@ -142,6 +142,47 @@ def test_compile_takes_the_shapes_the_plan_was_made_for(tmp_path):
     bare = make_plan(SMALL_STREAMING, 64)                                   # no shapes: the defaults
     rep = compile_pattern(SMALL_STREAMING, tmp_path / "d", plan=bare)
     assert (rep["head_dim"], rep["dtype"], rep["num_heads"], rep["num_kv_heads"]) == (128, "bfloat16", 1, 1)
+
+
+def test_plans_analyses_and_kernels_copy_and_pickle(tmp_path):
+    """copy.deepcopy and pickle of a plan (its analysis's synthesized functions are compiled
+    again from their AST; the schedule cache starts empty), and of an SASAttnKernel (built again
+    from its plan, with a copy of a static pattern's cache). Before, both failed (a thread lock;
+    functions made by exec). A Dynamic kernel that holds a sequence is refused: its selection
+    state is not copied."""
+    import copy
+    import io
+    import pickle
+
+    plan = make_plan(SMALL_STREAMING, 64, head_dim=16)
+    plan.schedule(40)
+    for twin in (copy.deepcopy(plan), pickle.loads(pickle.dumps(plan))):
+        a, b = twin.analysis, plan.analysis
+        assert twin.cache_size == plan.cache_size and len(twin.schedules) == 0 and twin.head_dim == 16
+        assert a.cache_id_func is not b.cache_id_func
+        assert all(a.cache_id_func(t) == b.cache_id_func(t) for t in range(64))
+        assert all(a.mask_func(s, t) == b.mask_func(s, t) for s in range(28) for t in range(64))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 20, 16, generator=g).to(DEV) for h in (2, 1, 1))
+    q1, k1, v1 = (torch.randn(1, h, 1, 16, generator=g).to(DEV) for h in (2, 1, 1))
+    ker = SASAttnKernel(plan=plan)
+    ker.prefill(q, k, v)
+    twin = copy.deepcopy(ker)
+    buf = io.BytesIO()
+    torch.save(ker, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert twin.k_cache is not ker.k_cache and torch.equal(twin.k_cache, ker.k_cache)
+    step = ker.decode(q1, k1, v1)
+    assert torch.equal(twin.decode(q1, k1, v1), step) and torch.equal(loaded.decode(q1, k1, v1), step)
+    dyn = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1)),
+                        max_len=64)
+    fresh = copy.deepcopy(dyn)                               # before a prompt: a copy
+    assert torch.equal(fresh.prefill(q, k, v), dyn.prefill(q, k, v))
+    with pytest.raises(NotYetSupportedError, match="selection state is not copied"):
+        copy.deepcopy(dyn)
+    dyn.reset()
+    assert copy.deepcopy(dyn).dynamic is not dyn.dynamic
 
 
 def test_attended_fraction_is_the_oracle_row_over_the_cache():

@@ -113,6 +113,16 @@ class Analysis:
         # a table scheme is printed as synthesized, its tables written out
         return r if self.closed_form else dataclasses.replace(r, source=self.source)
 
+    # --- copying and pickling: the synthesized functions are compiled again from their AST ---------
+    _FUNCTIONS = ("cache_id_func", "slot_key_func", "mask_func")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._FUNCTIONS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.update(compile_functions(state["functions"], tables=state["tables"]))
+
     def function_ast(self, name: str) -> ast.FunctionDef:
         for node in self.functions.body:
             if isinstance(node, ast.FunctionDef) and node.name == name:

@@ -72,6 +72,11 @@ class ScoreGraph:
     #: (`qk`, `qk_samples`, `qk_group`); None for selection chains
     sample: Mapping[str, Any] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles trace the chain again (fx would re-trace the generated code with
+        its default tracer, which runs sas's operators on proxies and fails)."""
+        return trace_score, (self.chain,)
+
     @property
     def graph(self) -> fx.Graph:
         return self.graph_module.graph

@@ -54,6 +54,11 @@ class StepStore:
         self.store = SelectionStore()
         self.steps += 1
 
+    def pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        """The model's forward pre-hook (a bound method, not a closure, so that a copied or
+        pickled model renews its own copy of the store)."""
+        self.new_step()
+
 
 class _LayerBinding:
     def __init__(self, layer: KascadeLayer, index: int, holder: StepStore, backend: str, runtime: KascadeRuntime,
@@ -168,7 +173,7 @@ def kascade_attention(model: Any, state: Any = None, *, anchors: Sequence[int] |
     old = getattr(model, HOOK_ATTR, None)
     if old is not None:
         old.remove()
-    setattr(model, HOOK_ATTR, model.register_forward_pre_hook(lambda mod, args: holder.new_step()))
+    setattr(model, HOOK_ATTR, model.register_forward_pre_hook(holder.pre_hook))
     model._sas_kascade_steps = holder
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model

@@ -24,7 +24,6 @@ Only transformers' own extension points are used, no modeling file is forked:
 from __future__ import annotations
 
 import inspect
-import types
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -148,6 +147,19 @@ def output_cache(output: Any) -> Any:
 
 
 # --- generate: create an SASCache by default ----------------------------------------------
+class _SASCachePreparer:
+    """`model._prepare_cache_for_generation` of a model prepared by sas_attention
+    (`_prepare_sas_cache` bound to the model); an object rather than a bound method so that
+    torch.save / pickle of the model keeps it (a bound method pickles as a lookup of its
+    function's name on the model, which the model does not have)."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _prepare_sas_cache(self.model, *args, **kwargs)
+
+
 def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwargs: dict, *args: Any,
                        **kwargs: Any) -> Any:
     """`GenerationMixin._prepare_cache_for_generation` for a model prepared by sas_attention:
@@ -273,7 +285,7 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
         setattr(m, RUNTIME_ATTR, runtimes[patterns[i]])
     setattr(model, STATE_ATTR, ModelState(tuple(runtimes[p] for p in patterns), max_len, backend, tp))
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    model._prepare_cache_for_generation = types.MethodType(_prepare_sas_cache, model)
+    model._prepare_cache_for_generation = _SASCachePreparer(model)
     return model
 
 

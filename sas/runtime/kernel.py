@@ -229,6 +229,7 @@ class SASAttnKernel(torch.nn.Module):
         self.other_inputs = dict(other_inputs)
         self.max_len = plan.max_len
         self.backend = backend
+        self._build = {"num_splits": num_splits, "cache_dir": cache_dir}     # for copies (__getstate__)
         if plan.is_dynamic and backend != "triton":
             raise NotYetSupportedError(f"SASAttnKernel: backend={backend!r} runs static patterns only; a pattern "
                                        f"with a Dynamic component runs on backend='triton' (CUDA, or the CPU "
@@ -239,6 +240,33 @@ class SASAttnKernel(torch.nn.Module):
         else:
             self._session = _StaticSession(static_runtime(plan, backend, num_splits=num_splits,
                                                           cache_dir=cache_dir), plan)
+
+    # --- copies (copy.deepcopy, pickle, torch.save) --------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy is built again from the plan (its compiled kernels are not copied) and gets a
+        copy of the stateful cache of a static pattern; a Dynamic pattern's kernel is copied
+        only before its first prompt (or after `reset()`): its selection state is not."""
+        session = self._session
+        if isinstance(session, _DynamicSession) and session.k_cache is not None:
+            raise NotYetSupportedError(
+                "SASAttnKernel: a kernel of a pattern with a Dynamic component cannot be copied or pickled while "
+                "it holds a sequence (its selection state is not copied); copy it before its prompt or after "
+                "reset(), or make another with SASAttnKernel(plan=kernel.plan)")
+        cache = None
+        if isinstance(session, _StaticSession) and session.k_cache is not None:
+            cache = (session.k_cache, session.v_cache, session.length)
+        random = self.dynamic.random if isinstance(self.dynamic, SantaDynamicRuntime) else None
+        return {"plan": self.plan, "other_inputs": self.other_inputs, "backend": self.backend, "build": self._build,
+                "cache": cache, "random": random, "training": self.training}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(other_inputs=state["other_inputs"], backend=state["backend"], plan=state["plan"],
+                      **state["build"])
+        if state["cache"] is not None:
+            self._session.k_cache, self._session.v_cache, self._session.length = state["cache"]
+        if state["random"] is not None:
+            self.dynamic.random = state["random"]
+        self.train(state["training"])
 
     # --- what the plan holds -----------------------------------------------------------------
     @property

@@ -192,6 +192,11 @@ class TorchExecutor:
             # to the key each slot holds, which is what mask_func computes.
             self._mask_fn = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles are built again from the pattern and analysis (the lowered
+        functions are compiled text; the per-device tensors are remade on demand)."""
+        return _rebuilt, (self.pattern, self.analysis, self.block_q)
+
     # --- properties ------------------------------------------------------------------------
     @property
     def max_len(self) -> int | None:
@@ -533,5 +538,10 @@ def torch_runtime(plan: Any, *, num_splits: int | None = None, cache_dir: Any = 
 
 
 register_backend("torch", torch_runtime)
+
+
+def _rebuilt(pattern: Pattern, analysis: Analysis | None, block_q: int) -> TorchExecutor:
+    return TorchExecutor(pattern, analysis, block_q=block_q)
+
 
 __all__ = ["TorchExecutor", "torch_runtime", "AttendPlan", "DecodePlan", "PlanBlock", "BLOCK_Q"]
