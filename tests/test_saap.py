@@ -251,6 +251,21 @@ def test_bad_input_raises_before_any_kernel():
         kern.prefill(q, k, v)
     with pytest.raises(KernelError, match="prefill"):
         kern.dynamic.decoder.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1])
+    # index vectors (pre-RoPE q / k) of another shape, dtype or type: refused, the state unchanged
+    # (before: a raw einsum / bmm RuntimeError from inside the step)
+    q, k, v = inputs(1, 4, 2, 9, 16)
+    kern.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    one = [t[:, :, 8:9] for t in (q, k, v)]
+    for kw, name in (({"q_index": one[0][..., :5]}, "q_index"), ({"k_index": one[1][:, :1]}, "k_index"),
+                     ({"q_index": one[0].long()}, "q_index"), ({"k_index": "pre-rope"}, "k_index")):
+        with pytest.raises(KernelError, match=f"{name} must be a floating-point tensor of"):
+            kern.dynamic.decode(*one, **kw)
+        with pytest.raises(KernelError, match=name):
+            kern.dynamic.decoder.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8],
+                                         **{n: (x[:, :, :1] if isinstance(x, torch.Tensor) else x)
+                                            for n, x in kw.items()})
+    assert kern.length == 8
+    assert kern.dynamic.decode(*one, q_index=one[0], k_index=one[1]).shape == (1, 4, 1, 16)
 
 
 # --- the state file ----------------------------------------------------------------------------

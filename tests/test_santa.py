@@ -506,6 +506,17 @@ def test_bad_kernel_input():
     with pytest.raises(KernelError, match="kernel.dynamic.random must be a SantaRandom"):
         ker.dynamic.random = 5
     assert isinstance(ker.dynamic.random, SantaRandom)
+    # a decode step that does not match the prompt's cache is refused before anything runs
+    # (before: a raw broadcast RuntimeError for another batch, and a bf16 step over a float32 prompt ran)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, h, 21, 16, generator=g).to(DEV) for h in (4, 2, 2))
+    ker.prefill(q[:, :, :20], k[:, :, :20], v[:, :, :20])
+    one = [t[:, :, 20:21] for t in (q, k, v)]
+    for bad in ([t.repeat(2, 1, 1, 1) for t in one], [t[..., :8] for t in one], [t.bfloat16() for t in one]):
+        with pytest.raises(KernelError, match="do not match the prompt's batch, KV heads, head dim, dtype"):
+            ker.decode(*bad)
+    assert ker.length == 20
+    assert ker.decode(*one).shape == (1, 4, 1, 16) and ker.length == 21
 
 
 def test_each_layer_has_its_own_seeded_draws():

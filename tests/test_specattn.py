@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sas import Causal, Diag, Dynamic, ops
 from sas.dynamic.trace import trace_score
-from sas.errors import KernelError, NotYetSupportedError, SASError
+from sas.errors import IntegrationError, KernelError, NotYetSupportedError, SASError
 from sas.methods.specattn import specattn_attention_reference
 from sas.methods.specattn_align import (AlignmentError, Alignment, align, kl_rows, load_alignment, make_alignment,
                                         parse_draft_layers, similarity)
@@ -138,6 +138,12 @@ def test_bad_external_scores():
             ker.dynamic.step(q[:, :, 16:17], k[:, :, 16:17], v[:, :, 16:17], scores=bad)
     with pytest.raises(KernelError, match="no draft scores"):
         ker.decode(q[:, :, 16:17], k[:, :, 16:17], v[:, :, 16:17])
+    step = (q[:, :, 16:17], k[:, :, 16:17], v[:, :, 16:17])
+    scores = draft[:, :, 16:17, :17]
+    with pytest.raises(KernelError, match="do not match the cache"):       # a bf16 q over a float32 cache
+        ker.dynamic.step(step[0].bfloat16(), *step[1:], scores=scores)
+    with pytest.raises(KernelError, match="requires grad"):
+        ker.dynamic.step(step[0].clone().requires_grad_(), *step[1:], scores=scores)
     assert ker.length == 16                                     # nothing was written
     short = SASAttnKernel(spec_pattern(), other_inputs={"draft_attn": draft[:, :, :10, :10]}, max_len=32)
     short.prefill(q[:, :, :16], k[:, :, :16], v[:, :, :16])
@@ -257,3 +263,12 @@ def test_draft_integration_kernel_path_equals_mask_path():
     target = sas_attention(copy.deepcopy(base), {1: specattn_pattern(0.3, chunk=1)}, backend="triton", max_len=64)
     got = run_with_draft(target, draft, (0, 0), ids, prefill_len=20, gamma=3, sparse_layers=[1])
     assert torch.allclose(got, want, atol=1e-4)
+    # without a draft: generate is refused before it starts, a forward step without scores names run_with_draft
+    with pytest.raises(IntegrationError, match=r"layer\(s\) \[1\] run a SpecAttn pattern.*run_with_draft"):
+        target.generate(ids[:, :20], max_new_tokens=2, do_sample=False)
+    from sas.integrations.transformers import SASCache
+    cache = SASCache(target)
+    with torch.no_grad():
+        target(ids[:, :20], past_key_values=cache, use_cache=True)
+        with pytest.raises(IntegrationError, match="no draft scores were given.*run_with_draft"):
+            target(ids[:, 20:21], past_key_values=cache, use_cache=True)

@@ -246,7 +246,14 @@ class SASCacheLayer(CacheLayerMixin):
         qk = PatternRuntime._kernel_q(q, scale)
         spec = self.kernel.dynamic
         if isinstance(spec, SpecAttnRuntime) and not first:   # SpecAttn: one step per block, draft scores
-            out = spec.step(qk, k.contiguous(), v.contiguous(), scores=draft_scores(self.layer_idx))
+            scores = draft_scores(self.layer_idx)
+            if scores is None and spec.name not in spec.other_inputs:
+                raise IntegrationError(
+                    f"{where}: this layer's SpecAttn pattern selects keys from a draft model's attention, and no "
+                    f"draft scores were given for the step: run the model with "
+                    f"sas.integrations.specattn_draft.run_with_draft(target, draft, ...) (or give each step's rows "
+                    f"inside use_draft_scores({{layer: scores}})); model.generate alone has no draft")
+            out = spec.step(qk, k.contiguous(), v.contiguous(), scores=scores)
         elif first:
             out = self.kernel.prefill(qk, k.contiguous(), v.contiguous())
         elif q.shape[2] == 1:

@@ -125,6 +125,12 @@ class PatternRuntime:
     def is_dynamic(self) -> bool:
         return self.dynamic_plan is not None
 
+    @property
+    def needs_draft(self) -> bool:
+        """A SpecAttn pattern: its steps select keys from a draft model's attention rows
+        (`sas.integrations.specattn_draft.run_with_draft` gives them)."""
+        return self.dynamic_plan is not None and is_top_p(self.dynamic_plan)
+
     def use_kernel(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the compiled kernels (Triton, or CUDA for backend='cuda')
         rather than the torch executor. backend='auto' takes the torch executor, which is

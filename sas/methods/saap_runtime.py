@@ -112,20 +112,30 @@ class SaapDecoder:
     def _region_hi(self, i: int) -> int:
         return max(self.sink, i - self.window + 1)
 
-    def _check(self, where: str, q, k, v) -> None:
+    def _check(self, where: str, q, k, v, q_index=None, k_index=None) -> None:
         if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
             raise KernelError(f"{where}: q must be [B, Hq, L, D] and k, v [B, Hkv, L, D] of one shape, got "
                               f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         if q.shape[1] % k.shape[1] or q.shape[3] != k.shape[3] or q.shape[0] != k.shape[0]:
             raise KernelError(f"{where}: q {tuple(q.shape)} does not group onto k {tuple(k.shape)}")
         self.layer.check(k.shape[1], k.shape[3], where)
+        # the index vectors (pre-RoPE q and k, what the state was trained on) stand in for q and k
+        for name, idx, like in (("q_index", q_index, q), ("k_index", k_index, k)):
+            if idx is None:
+                continue
+            if not isinstance(idx, torch.Tensor) or idx.shape != like.shape or not idx.is_floating_point() \
+                    or idx.device != like.device:
+                got = (f"{tuple(idx.shape)} {idx.dtype} on {idx.device}" if isinstance(idx, torch.Tensor)
+                       else type(idx).__name__)
+                raise KernelError(f"{where}: {name} must be a floating-point tensor of {name[0]}'s shape "
+                                  f"{tuple(like.shape)} on {like.device} (its pre-RoPE vectors), got {got}")
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_index: torch.Tensor | None = None,
                 k_index: torch.Tensor | None = None) -> torch.Tensor:
         """Dense causal attention of the prompt (the first step attends the whole region), then
         the prompt's keys are assigned and indexed."""
         where = "SaapDecoder.prefill"
-        self._check(where, q, k, v)
+        self._check(where, q, k, v, q_index, k_index)
         b, hkv, n, d = k.shape
         if n > self.max_len:
             raise KernelError(f"{where}: prompt length {n} exceeds max_len={self.max_len}")
@@ -170,7 +180,7 @@ class SaapDecoder:
         where = "SaapDecoder.decode"
         if self.k is None:
             raise KernelError(f"{where}: no prompt yet; call prefill first")
-        self._check(where, q, k, v)
+        self._check(where, q, k, v, q_index, k_index)
         if q.shape[2] != 1 or k.shape[2] != 1:
             raise KernelError(f"{where}: decode takes one token (q [B, Hq, 1, D], k, v [B, Hkv, 1, D])")
         if tuple(k.shape[:2]) != tuple(self.k.shape[:2]) or k.shape[3] != self.k.shape[3] or k.dtype != self.k.dtype:

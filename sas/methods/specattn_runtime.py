@@ -138,9 +138,14 @@ class SpecAttnRuntime:
         b, hq, lq, d = q.shape
         hkv = k.shape[1]
         if k.shape != v.shape or tuple(k.shape) != (b, hkv, lq, d) or hq % hkv or \
-                tuple(self.k.shape[:2]) != (b, hkv) or self.k.shape[3] != d or k.dtype != self.k.dtype:
-            raise KernelError(f"{where}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match "
-                              f"the cache {tuple(self.k.shape)} {self.k.dtype}")
+                tuple(self.k.shape[:2]) != (b, hkv) or self.k.shape[3] != d or \
+                not q.dtype == k.dtype == v.dtype == self.k.dtype:
+            raise KernelError(f"{where}: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v "
+                              f"{tuple(v.shape)} {v.dtype} do not match the cache {tuple(self.k.shape)} {self.k.dtype}")
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise KernelError(f"{where}: q, k or v requires grad, but these kernels have no backward pass (the "
+                              f"output would be silently cut off from autograd); run the step under torch.no_grad() "
+                              f"or pass detached tensors")
         i0, i1 = self.length, self.length + lq
         if i1 > self.max_len:
             raise KernelError(f"{where}: positions up to {i1 - 1} are past max_len={self.max_len}")

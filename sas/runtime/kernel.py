@@ -144,6 +144,7 @@ class _DynamicSession:
         self.runtime.length = value
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._checked = None
         return self.runtime.prefill(q, k, v)
 
     def decode(self, where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -153,6 +154,13 @@ class _DynamicSession:
         if sig is None or sig != self._checked:
             check_qkv(where, q, k, v)
             check_one_token(where, q, k)
+            cache = self.k_cache
+            if cache is not None and (k.shape[:2] != cache.shape[:2] or k.shape[3] != cache.shape[3]
+                                      or q.dtype != cache.dtype or q.device != cache.device):
+                raise KernelError(f"{where}: q, k, v do not match the prompt's batch, KV heads, head dim, dtype "
+                                  f"or device: k is {list(k.shape)} {q.dtype} on {q.device}, the cache "
+                                  f"{list(cache.shape)} (batch, KV heads, slots, head dim) {cache.dtype} on "
+                                  f"{cache.device}")
             self._checked = sig
         if self.length >= self.plan.max_len:
             raise KernelError(f"{where}: position {self.length} is past max_len={self.plan.max_len}; build the "
