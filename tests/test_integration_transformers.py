@@ -411,4 +411,5 @@ def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
         path = tmp_path / "model.pt"
         torch.save(model, path)
         for twin in (copy.deepcopy(model), torch.load(path, weights_only=False)):
+            assert twin._prepare_cache_for_generation.model is twin          # the copy's own, not the original's
             assert torch.equal(twin.generate(ids, max_new_tokens=3, do_sample=False), want), (pattern, backend)

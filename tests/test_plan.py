@@ -139,6 +139,9 @@ def test_compile_takes_the_shapes_the_plan_was_made_for(tmp_path):
         assert not (tmp_path / "c").exists()                                  # refused before any work
     with pytest.raises(KernelError, match="unsupported dtype 'int8'"):
         compile_pattern(SMALL_STREAMING, tmp_path / "c", plan=plan, dtype="int8")
+    kv_only = make_plan(SMALL_STREAMING, 64, num_kv_heads=4)                # heads = KV heads (a review finding)
+    rep = compile_pattern(SMALL_STREAMING, tmp_path / "e", plan=kv_only)
+    assert (rep["num_heads"], rep["num_kv_heads"]) == (4, 4)
     bare = make_plan(SMALL_STREAMING, 64)                                   # no shapes: the defaults
     rep = compile_pattern(SMALL_STREAMING, tmp_path / "d", plan=bare)
     assert (rep["head_dim"], rep["dtype"], rep["num_heads"], rep["num_kv_heads"]) == (128, "bfloat16", 1, 1)
@@ -175,6 +178,8 @@ def test_plans_analyses_and_kernels_copy_and_pickle(tmp_path):
     assert twin.k_cache is not ker.k_cache and torch.equal(twin.k_cache, ker.k_cache)
     step = ker.decode(q1, k1, v1)
     assert torch.equal(twin.decode(q1, k1, v1), step) and torch.equal(loaded.decode(q1, k1, v1), step)
+    torch_ker = SASAttnKernel(plan=plan, backend="torch")
+    assert copy.deepcopy(torch_ker.runtime).plan is not None                 # the StaticRuntime protocol's plan
     dyn = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1)),
                         max_len=64)
     fresh = copy.deepcopy(dyn)                               # before a prompt: a copy

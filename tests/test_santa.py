@@ -517,6 +517,15 @@ def test_bad_kernel_input():
             ker.decode(*bad)
     assert ker.length == 20
     assert ker.decode(*one).shape == (1, 4, 1, 16) and ker.length == 21
+    # a new sequence of batch 2 through the functional form or the runtime itself: the batch-1 step
+    # that passed before is checked again (a review found the functional form kept the old check)
+    two = [t[:, :, :20].repeat(2, 1, 1, 1) for t in (q, k, v)]
+    for start in (lambda: ker(*two), lambda: ker.dynamic.prefill(*two)):
+        start()
+        before = ker.k_cache.clone()
+        with pytest.raises(KernelError, match="do not match the prompt's batch"):
+            ker.decode(*one)
+        assert ker.length == 20 and torch.equal(ker.k_cache, before)
 
 
 def test_each_layer_has_its_own_seeded_draws():

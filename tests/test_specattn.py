@@ -266,6 +266,7 @@ def test_draft_integration_kernel_path_equals_mask_path():
     # without a draft: generate is refused before it starts, a forward step without scores names run_with_draft
     with pytest.raises(IntegrationError, match=r"layer\(s\) \[1\] run a SpecAttn pattern.*run_with_draft"):
         target.generate(ids[:, :20], max_new_tokens=2, do_sample=False)
+    assert target.generate(ids[:, :20], max_new_tokens=2, do_sample=False, use_cache=False).shape == (1, 22)
     from sas.integrations.transformers import SASCache
     cache = SASCache(target)
     with torch.no_grad():

@@ -123,8 +123,8 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
     sas wrote it, any other only with `force=True` (`check_output_folder`). `plan` may pass a
     `sas.plan.make_plan` result for this pattern (then max_len, options and the analysis come
     from it, and the shapes it was made for: head_dim, dtype, num_heads, num_kv_heads; a shape
-    given here that differs is refused). Defaults: max_len 16384, head_dim 128, bfloat16, one
-    head (num_kv_heads: num_heads)."""
+    given here that differs is refused). Defaults: max_len 16384, head_dim 128, bfloat16,
+    num_heads = num_kv_heads (one head when neither is given), num_kv_heads = num_heads."""
     if not isinstance(pattern, Pattern):
         raise SASError(f"compile_pattern: pattern must be a sas Pattern, got {type(pattern).__name__}")
     if backend not in BACKENDS:
@@ -143,7 +143,7 @@ def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str =
                                                                 num_heads=num_heads, num_kv_heads=num_kv_heads)
     head_dim = 128 if head_dim is None else head_dim
     dtype = "bfloat16" if dtype is None else dtype
-    num_heads = 1 if num_heads is None else num_heads
+    num_heads = (num_kv_heads or 1) if num_heads is None else num_heads
     max_len = DEFAULT_MAX_LEN if max_len is None else max_len
     max_len = positive_length("compile_pattern", max_len)
     if head_dim not in SUPPORTED_HEAD_DIMS:

@@ -168,11 +168,12 @@ def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwar
     arguments go unchanged to transformers' own method in the other cases."""
     state = model_state(self, "generate")
     draft = [i for i, rt in enumerate(state.runtimes) if rt.needs_draft]
-    if draft:
+    if draft and generation_config.use_cache is not False:     # (without a cache every step is a whole prefill)
         raise IntegrationError(
-            f"generate: layer(s) {draft} run a SpecAttn pattern, whose steps select keys from a draft model's "
-            f"attention rows, and generate has no draft: run the model with "
-            f"sas.integrations.specattn_draft.run_with_draft(target, draft, ...) (docs/specattn.md)")
+            f"generate: layer(s) {draft} run a SpecAttn pattern, whose cached steps select keys from a draft "
+            f"model's attention rows, and generate has no draft: run the model with "
+            f"sas.integrations.specattn_draft.run_with_draft(target, draft, ...) (docs/specattn.md), or "
+            f"generate with use_cache=False (dense steps)")
     longest = int(generation_config.max_length) - 1          # the last new token is never fed back
     mask = model_kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:

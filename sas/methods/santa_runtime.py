@@ -654,6 +654,9 @@ class SantaDecoder:
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.k is None:
             raise KernelError("SANTA decode: no prompt yet; call prefill first")
+        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3] or q.dtype != self.k.dtype:
+            raise KernelError(f"SANTA decode: q, k, v do not match the prompt's batch, KV heads, head dim or dtype: "
+                              f"k is {list(k.shape)} {q.dtype}, the cache {list(self.k.shape)} {self.k.dtype}")
         pos = self.length
         if pos >= self.max_len:
             raise KernelError(f"SANTA decode: position {pos} is past max_len={self.max_len}")

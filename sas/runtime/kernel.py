@@ -179,6 +179,7 @@ class _DynamicSession:
                               f"Dynamic component runs the whole prompt (queries = keys)")
         if k.shape[2] > self.plan.max_len:
             raise KernelError(f"SASAttnKernel: prompt length {k.shape[2]} exceeds max_len={self.plan.max_len}")
+        self._checked = None        # a new sequence: the next step is checked against its cache
         return self.runtime.prefill(q, k, v)
 
 

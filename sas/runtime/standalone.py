@@ -135,6 +135,8 @@ def tile_tensors(full_ptr: torch.Tensor, full_runs: torch.Tensor, part_ptr: torc
 #: what a caller whose inputs require grad can do instead (these kernels have no backward pass)
 NO_GRAD = ("run it under torch.no_grad() or pass detached tensors; for gradients use sas's "
            "SASAttnKernel(..., backend='torch')")
+NO_GRAD_DYNAMIC = ("run it under torch.no_grad() or pass detached tensors (a pattern with a Dynamic component has "
+                   "no differentiable backend)")
 
 
 def check_device(where: str, q: torch.Tensor) -> None:
@@ -323,7 +325,7 @@ class DynamicKernel:
         cache cut to the budget. q [B, Hq, P, D], k, v [B, Hkv, P, D], P <= MAX_LEN."""
         check_qkv("prefill", q, k, v)
         check_device("prefill", q)
-        check_no_grad("prefill", "triton", NO_GRAD, q=q, k=k, v=v)
+        check_no_grad("prefill", "triton", NO_GRAD_DYNAMIC, q=q, k=k, v=v)
         P = q.shape[2]
         if not 0 < P <= self.max_len or k.shape[2] != P:
             raise ValueError(f"prefill: q and k/v must have the same length P in 1..{self.max_len}, got "
@@ -337,7 +339,7 @@ class DynamicKernel:
         check_qkv("decode", q, k, v)
         check_one_token("decode", q, k)
         check_device("decode", q)
-        check_no_grad("decode", "triton", NO_GRAD, q=q, k=k, v=v)
+        check_no_grad("decode", "triton", NO_GRAD_DYNAMIC, q=q, k=k, v=v)
         st = self.runtime.state
         if st is not None:
             got = (q.shape[0], q.shape[1], k.shape[1], q.shape[3])

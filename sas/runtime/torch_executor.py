@@ -195,7 +195,7 @@ class TorchExecutor:
     def __reduce__(self) -> tuple[Any, ...]:
         """Copies and pickles are built again from the pattern and analysis (the lowered
         functions are compiled text; the per-device tensors are remade on demand)."""
-        return _rebuilt, (self.pattern, self.analysis, self.block_q)
+        return _rebuilt, (self.pattern, self.analysis, self.block_q, getattr(self, "plan", None))
 
     # --- properties ------------------------------------------------------------------------
     @property
@@ -540,8 +540,11 @@ def torch_runtime(plan: Any, *, num_splits: int | None = None, cache_dir: Any = 
 register_backend("torch", torch_runtime)
 
 
-def _rebuilt(pattern: Pattern, analysis: Analysis | None, block_q: int) -> TorchExecutor:
-    return TorchExecutor(pattern, analysis, block_q=block_q)
+def _rebuilt(pattern: Pattern, analysis: Analysis | None, block_q: int, plan: Any = None) -> TorchExecutor:
+    executor = TorchExecutor(pattern, analysis, block_q=block_q)
+    if plan is not None:            # the StaticRuntime protocol's plan (torch_runtime sets it)
+        executor.plan = plan
+    return executor
 
 
 __all__ = ["TorchExecutor", "torch_runtime", "AttendPlan", "DecodePlan", "PlanBlock", "BLOCK_Q"]
