@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sas.errors import KernelError, NotYetSupportedError
+from sas.errors import KernelError
 from sas.methods.direct_launch import FAST_LAUNCH, current_stream as _stream, hooks_clear
 from sas.methods.direct_launch import interpreting as _interpreting
 from sas.methods.santa import (ALLOCS, ESTIMATORS, GROUPS, METHODS, STRATEGIES, SantaRandom, bernoulli_query,
