@@ -168,9 +168,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="path prefix for .json and .md results")
-    ap.add_argument("--lengths", default="2048,8192,16384")
+    ap.add_argument("--lengths", default=None,
+                    help="comma-separated [default: 2048,8192,16384 on a GPU; 256 for the CPU dry run]")
     ap.add_argument("--patterns", default=",".join(PATTERNS + [CAUSAL]))
-    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=None, help="[default: 64 on a GPU; 2 for the CPU dry run]")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="shorter timing (rep 50 ms instead of 200)")
     ap.add_argument("--rep", type=int, default=None, help="timing window per measurement, ms")
@@ -188,6 +189,14 @@ def main() -> None:
 
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu" and args.lengths is None:
+        # the Triton interpreter runs a 2K prefill of 64 heads for many minutes per pattern
+        print("# no GPU: a dry run of the CPU interpreter at 256 tokens and 2 heads, without the GQA table "
+              "(about a minute; timings mean nothing; --lengths / --heads change it)", file=sys.stderr)
+        args.lengths, args.no_gqa = "256", True
+        args.heads = 2 if args.heads is None else args.heads
+    args.lengths = args.lengths or "2048,8192,16384"
+    args.heads = args.heads or 64
     dtype = torch.bfloat16
     H, D = args.heads, args.head_dim
     lengths = [int(x) for x in args.lengths.split(",")]
