@@ -271,6 +271,11 @@ def test_dynamic_h2o_generation_matches_reference_policy(llama, monkeypatch):
     out = torch.cat([s[3] for s in seen], dim=2).cpu()
     torch.testing.assert_close(out.double(), res.out, rtol=1e-4, atol=1e-4)
     assert 0 < cache.kv_cache_bytes() < cache.dense_kv_cache_bytes(64)
+    # beam search is refused before any layer runs (before: after layer 0's first call)
+    calls = len(seen)
+    with pytest.raises(NotYetSupportedError, match="num_beams=2.*layer\\(s\\) \\[0\\]"):
+        model.generate(ids, max_new_tokens=2, num_beams=2, do_sample=False)
+    assert len(seen) == calls
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -413,3 +418,54 @@ def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
         for twin in (copy.deepcopy(model), torch.load(path, weights_only=False)):
             assert twin._prepare_cache_for_generation.model is twin          # the copy's own, not the original's
             assert torch.equal(twin.generate(ids, max_new_tokens=3, do_sample=False), want), (pattern, backend)
+
+
+@pytest.mark.parametrize("family,extra", [("mistral", {"sliding_window": 8}),
+                                          ("qwen2", {"use_sliding_window": True, "sliding_window": 8,
+                                                     "max_window_layers": 0})])
+def test_a_model_with_a_sliding_window_keeps_every_key_in_transformers_caches(family, extra):
+    """The model's own window is replaced by the pattern, so transformers' own cache (the
+    DynamicCache of a forward call with use_cache=True) must keep every key: before, it kept the
+    window's last keys and sas numbered them from 0 (decode logits off by 0.1-0.4; found by a
+    new-user exploration). Stepped by hand over that cache = the exact 4-D mask of the pattern
+    over the whole sequence, run by transformers' eager attention."""
+    cls, config, _ = FAMILIES[family]
+    pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal()
+    ref = tiny(cls, config, seed=2, **extra)
+    with pytest.warns(UserWarning, match="sliding window"):
+        model = with_sas(ref, pattern, backend="torch", max_len=64)
+    ids = ids_of(5, 1, 20)
+    with torch.no_grad():
+        out = model(ids[:, :14], use_cache=True)
+        cache = out.past_key_values
+        assert not isinstance(cache, SASCache)
+        steps = [out.logits[:, -1]]
+        for t in range(14, 20):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits[:, -1])
+        dense = copy.deepcopy(ref)
+        dense.set_attn_implementation("eager")
+        want = dense(ids, attention_mask=mask_4d(pattern, 20)).logits
+    for i, got in enumerate(steps):
+        torch.testing.assert_close(got, want[:, 13 + i], atol=1e-4, rtol=1e-4)
+
+
+def test_attention_set_back_or_patterns_changed_are_not_read_through_a_stale_cache(llama):
+    """After model.set_attn_implementation('sdpa'), generate uses transformers' own cache (before:
+    an SASCache, whose update hands sdpa the new keys alone) and an SASCache is refused; after
+    sas_attention with another pattern, a cache made for the old patterns is refused (before: it
+    ran the old pattern). Found by a new-user exploration."""
+    ids = ids_of(6, 1, 10)
+    model = with_sas(llama, Causal(), backend="torch")
+    stale = SASCache(model)
+    model.set_attn_implementation("sdpa")
+    want = llama.generate(ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), want)
+    with pytest.raises(IntegrationError, match="attention is now 'sdpa'"):
+        model(ids, past_key_values=SASCache(model), use_cache=True)
+    model = sas_attention(model, Diag(0, 3) * Causal(), backend="torch")
+    with torch.no_grad(), pytest.raises(IntegrationError, match="make a new SASCache"):
+        model(ids, past_key_values=stale, use_cache=True)
+    fresh = model(ids, past_key_values=SASCache(model), use_cache=True).logits
+    torch.testing.assert_close(fresh, llama(ids, attention_mask=mask_4d(Diag(0, 3) * Causal(), 10)).logits,
+                               atol=1e-4, rtol=1e-4)

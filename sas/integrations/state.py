@@ -9,6 +9,8 @@ from sas.errors import IntegrationError
 from sas.integrations.parallel import TensorParallel
 from sas.integrations.pattern_runtime import PatternRuntime
 
+#: the name sas_attention registers its attention (and mask) function under in transformers
+ATTN_IMPLEMENTATION = "sas"
 #: attribute of the model holding its `ModelState`, and of each attention module holding its runtime
 STATE_ATTR = "sas_state"
 RUNTIME_ATTR = "sas_runtime"

@@ -36,13 +36,11 @@ from sas.errors import IntegrationError, NotYetSupportedError
 from sas.integrations.cache import SASCache, TokenMask, positions_of, take_binding
 from sas.integrations.parallel import check_dynamic_under_tp, tensor_parallel_of
 from sas.integrations.pattern_runtime import PatternRuntime, check_backend
-from sas.integrations.state import RUNTIME_ATTR, STATE_ATTR, ModelState, model_state
+from sas.integrations.state import ATTN_IMPLEMENTATION, RUNTIME_ATTR, STATE_ATTR, ModelState, model_state
 from sas.lang.pattern import Pattern
 from sas.lang.primitives import Causal
 from sas.limits import positive_length
 
-#: the attention implementation name registered with transformers
-ATTN_IMPLEMENTATION = "sas"
 #: `config.model_type` of the supported decoder families (RoPE before the cache, GQA, one
 #: self-attention module per layer calling the AttentionInterface)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -87,6 +85,11 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                 raise IntegrationError(f"sas attention: attention_mask has {valid_all.shape[1]} columns, fewer "
                                        f"than the {q_len} new tokens")
             valid = valid_all[:, -q_len:]
+        if layer.runtime is not runtime:
+            raise IntegrationError(
+                f"sas attention (layer {layer.layer_idx}): this SASCache was made for the pattern the layer had "
+                f"before sas_attention was applied again ({layer.runtime.pattern!r}, now {runtime.pattern!r}); "
+                f"make a new SASCache(model) for the new patterns")
         out = layer.attend(query, key, value, valid, scaling, memo)
     else:
         out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo)
@@ -157,7 +160,11 @@ class _SASCachePreparer:
         self.model = model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _prepare_sas_cache(self.model, *args, **kwargs)
+        model = self.model
+        if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            # the attention was set back (model.set_attn_implementation("sdpa")): transformers' own cache
+            return type(model)._prepare_cache_for_generation(model, *args, **kwargs)
+        return _prepare_sas_cache(model, *args, **kwargs)
 
 
 def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwargs: dict, *args: Any,
@@ -174,6 +181,12 @@ def _prepare_sas_cache(self: PreTrainedModel, generation_config: Any, model_kwar
             f"model's attention rows, and generate has no draft: run the model with "
             f"sas.integrations.specattn_draft.run_with_draft(target, draft, ...) (docs/specattn.md), or "
             f"generate with use_cache=False (dense steps)")
+    dynamic = [i for i, rt in enumerate(state.runtimes) if rt.is_dynamic]
+    if dynamic and (generation_config.num_beams or 1) > 1 and generation_config.use_cache is not False:
+        raise NotYetSupportedError(
+            f"generate: beam search (num_beams={generation_config.num_beams}) reorders the cache between steps, "
+            f"and layer(s) {dynamic} have a Dynamic pattern, whose selection state cannot be reordered yet: "
+            f"use num_beams=1 (greedy or sampling), or a static pattern")
     longest = int(generation_config.max_length) - 1          # the last new token is never fed back
     mask = model_kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
@@ -285,8 +298,12 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
                                f"transformers' AttentionInterface, so its attention cannot be replaced")
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
-        warnings.warn(f"sas_attention: the model's own sliding window ({window}) is replaced by the sas patterns; "
-                      f"write it into the pattern (e.g. Diag(0, {window})) to keep it", stacklevel=2)
+        warnings.warn(f"sas_attention: the model's own sliding window ({window}) is replaced by the sas "
+                      f"patterns; write it into the pattern (e.g. Diag(0, {window})) to keep it", stacklevel=2)
+        # transformers' own caches (the DynamicCache of a forward call with use_cache=True) keep the
+        # last sliding_window - 1 keys, and sas would number those from 0: widen the window past
+        # max_len, so that they keep every key (the model's masks go through sas's mask function)
+        config.sliding_window = max_len + 1
     _register()
     for i, m in enumerate(modules):
         setattr(m, RUNTIME_ATTR, runtimes[patterns[i]])
