@@ -189,11 +189,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cpu" and args.lengths is None:
+    if dev.type == "cpu":
         # the Triton interpreter runs a 2K prefill of 64 heads for many minutes per pattern
-        print("# no GPU: a dry run of the CPU interpreter at 256 tokens and 2 heads, without the GQA table "
-              "(about a minute; timings mean nothing; --lengths / --heads change it)", file=sys.stderr)
-        args.lengths, args.no_gqa = "256", True
+        if args.lengths is None:
+            print("# no GPU: a dry run of the CPU interpreter at 256 tokens and 2 heads, without the GQA table "
+                  "(about a minute; timings mean nothing; --lengths / --heads change it)", file=sys.stderr)
+            args.lengths, args.no_gqa = "256", True
         args.heads = 2 if args.heads is None else args.heads
     args.lengths = args.lengths or "2048,8192,16384"
     args.heads = args.heads or 64

@@ -423,26 +423,28 @@ def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
 @pytest.mark.parametrize("family,extra", [("mistral", {"sliding_window": 8}),
                                           ("qwen2", {"use_sliding_window": True, "sliding_window": 8,
                                                      "max_window_layers": 0})])
-def test_a_model_with_a_sliding_window_keeps_every_key_in_transformers_caches(family, extra):
-    """The model's own window is replaced by the pattern, so transformers' own cache (the
-    DynamicCache of a forward call with use_cache=True) must keep every key: before, it kept the
-    window's last keys and sas numbered them from 0 (decode logits off by 0.1-0.4; found by a
-    new-user exploration). Stepped by hand over that cache = the exact 4-D mask of the pattern
-    over the whole sequence, run by transformers' eager attention."""
+def test_a_sliding_window_cache_is_refused_and_an_sascache_runs_the_pattern(family, extra):
+    """A sliding-window model's own DynamicCache (a forward call with use_cache=True) keeps only
+    the window's last keys, and sas numbered them from 0: decode logits were off by 0.1-0.4 (found
+    by a new-user exploration). Such a step is refused now, naming SASCache; stepped over an
+    SASCache, each step equals eager attention with the pattern's 4-D mask over the whole
+    sequence. The model's config is left as it was."""
     cls, config, _ = FAMILIES[family]
     pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal()
     ref = tiny(cls, config, seed=2, **extra)
     with pytest.warns(UserWarning, match="sliding window"):
         model = with_sas(ref, pattern, backend="torch", max_len=64)
+    assert model.config.sliding_window == 8
     ids = ids_of(5, 1, 20)
     with torch.no_grad():
-        out = model(ids[:, :14], use_cache=True)
-        cache = out.past_key_values
-        assert not isinstance(cache, SASCache)
-        steps = [out.logits[:, -1]]
+        own = model(ids[:, :14], use_cache=True).past_key_values
+        assert not isinstance(own, SASCache)
+        with pytest.raises(IntegrationError, match="only 8 keys.*pass SASCache"):
+            model(ids[:, 14:15], past_key_values=own, use_cache=True)
+        cache = SASCache(model)
+        steps = [model(ids[:, :14], past_key_values=cache, use_cache=True).logits[:, -1]]
         for t in range(14, 20):
-            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits[:, -1])
+            steps.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
         dense = copy.deepcopy(ref)
         dense.set_attn_implementation("eager")
         want = dense(ids, attention_mask=mask_4d(pattern, 20)).logits
@@ -452,20 +454,31 @@ def test_a_model_with_a_sliding_window_keeps_every_key_in_transformers_caches(fa
 
 def test_attention_set_back_or_patterns_changed_are_not_read_through_a_stale_cache(llama):
     """After model.set_attn_implementation('sdpa'), generate uses transformers' own cache (before:
-    an SASCache, whose update hands sdpa the new keys alone) and an SASCache is refused; after
-    sas_attention with another pattern, a cache made for the old patterns is refused (before: it
-    ran the old pattern). Found by a new-user exploration."""
+    an SASCache, whose update hands sdpa the new keys alone) and an SASCache (a copy of one too)
+    is refused; after sas_attention with another pattern, a cache made for the old patterns is
+    refused (before: it ran the old pattern), while copies of a cache, and a cache after the same
+    pattern is applied again, still run. Found by a new-user exploration and a review."""
     ids = ids_of(6, 1, 10)
     model = with_sas(llama, Causal(), backend="torch")
-    stale = SASCache(model)
-    model.set_attn_implementation("sdpa")
-    want = llama.generate(ids, max_new_tokens=5, do_sample=False)
-    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), want)
-    with pytest.raises(IntegrationError, match="attention is now 'sdpa'"):
+    with torch.no_grad():
+        warm = SASCache(model)
+        model(ids[:, :6], past_key_values=warm, use_cache=True)
+        twin = copy.deepcopy(warm)                         # prefix reuse: a copy of a filled cache
+        a = model(ids[:, 6:], past_key_values=warm, use_cache=True).logits
+        b = model(ids[:, 6:], past_key_values=twin, use_cache=True).logits
+        assert torch.equal(a, b)
+        model = sas_attention(model, Causal(), backend="torch")              # the same pattern again
         model(ids, past_key_values=SASCache(model), use_cache=True)
-    model = sas_attention(model, Diag(0, 3) * Causal(), backend="torch")
-    with torch.no_grad(), pytest.raises(IntegrationError, match="make a new SASCache"):
-        model(ids, past_key_values=stale, use_cache=True)
-    fresh = model(ids, past_key_values=SASCache(model), use_cache=True).logits
-    torch.testing.assert_close(fresh, llama(ids, attention_mask=mask_4d(Diag(0, 3) * Causal(), 10)).logits,
-                               atol=1e-4, rtol=1e-4)
+        stale = SASCache(model)
+        model.set_attn_implementation("sdpa")
+        want = llama.generate(ids, max_new_tokens=5, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), want)
+        for cache in (SASCache(model), copy.deepcopy(stale)):
+            with pytest.raises(IntegrationError, match="attention was not sas's"):
+                model(ids, past_key_values=cache, use_cache=True)
+        model = sas_attention(model, Diag(0, 3) * Causal(), backend="torch")
+        with pytest.raises(IntegrationError, match="make a new SASCache"):
+            model(ids, past_key_values=stale, use_cache=True)
+        fresh = model(ids, past_key_values=SASCache(model), use_cache=True).logits
+        torch.testing.assert_close(fresh, llama(ids, attention_mask=mask_4d(Diag(0, 3) * Causal(), 10)).logits,
+                                   atol=1e-4, rtol=1e-4)

@@ -24,7 +24,7 @@ from sas.errors import IntegrationError, NotYetSupportedError
 from sas.integrations.parallel import TensorParallel
 from sas.integrations.pattern_runtime import PatternRuntime
 from sas.integrations.specattn_draft import draft_scores
-from sas.integrations.state import ATTN_IMPLEMENTATION, model_state
+from sas.integrations.state import model_state
 from sas.methods.specattn_runtime import SpecAttnRuntime
 from sas.runtime.kernel import SASAttnKernel
 
@@ -52,9 +52,9 @@ def take_binding(key: torch.Tensor) -> "SASCacheLayer | None":
     """The cache layer whose `update` returned `key` just now (None when the keys did not come
     from an SASCache, e.g. a forward pass without a cache)."""
     b = _BINDING.get()
+    _BINDING.set(None)          # taken, or not this call's: either way sas attention ran after the update
     if b is None or b.key is not key:
         return None
-    _BINDING.set(None)
     return b.layer
 
 
@@ -275,18 +275,19 @@ class SASCache(Cache):
         layers = [SASCacheLayer(rt, i, state.tensor_parallel) for i, rt in enumerate(state.runtimes)]
         super().__init__(layers=layers)
         self.max_len = state.max_len
-        self._config = model.config          # whose attention reads the cache (checked in update)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):
             raise IntegrationError(f"SASCache.update: layer_idx {layer_idx} is out of range; the model has "
                                    f"{len(self.layers)} layers")
-        impl = getattr(self._config, "_attn_implementation", None)
-        if impl != ATTN_IMPLEMENTATION:
+        if _BINDING.get() is not None:
+            # the keys the last update handed over were not taken by sas attention: another attention
+            # read them (it would see the new keys alone, not the compact cache)
+            _BINDING.set(None)
             raise IntegrationError(
-                f"SASCache.update: the model's attention is now {impl!r}, not sas's; an SASCache holds compact "
-                f"caches that only sas attention reads (another attention would see the new keys alone): pass a "
-                f"transformers cache (or none) while the attention is {impl!r}")
+                "SASCache.update: the previous layer's attention was not sas's (e.g. after "
+                "model.set_attn_implementation('sdpa')); an SASCache holds compact caches that only sas attention "
+                "reads: pass a transformers cache (or none) to a model whose attention is not sas's")
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         _BINDING.set(_Binding(self.layers[layer_idx], keys))
         return keys, values

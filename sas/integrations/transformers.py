@@ -63,6 +63,7 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           **kwargs) -> tuple[torch.Tensor, None]:
     """The "sas" attention function: q [B, Hq, L, D], k, v as the cache update returned them.
     Returns ([B, L, Hq, D], None) like transformers' own implementations."""
+    layer = take_binding(key)        # first: the cache's next update checks that this ran
     runtime = getattr(module, RUNTIME_ATTR, None)
     if not isinstance(runtime, PatternRuntime):
         raise IntegrationError(f"attention implementation {ATTN_IMPLEMENTATION!r}: module "
@@ -76,7 +77,6 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                                f"so pass only the 2-D padding mask attention_mask [batch, length]")
     memo = attention_mask.plans if attention_mask is not None else {}
     valid_all = attention_mask.valid if attention_mask is not None else None
-    layer = take_binding(key)
     q_len = query.shape[2]
     if layer is not None:
         valid = None
@@ -85,23 +85,32 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                 raise IntegrationError(f"sas attention: attention_mask has {valid_all.shape[1]} columns, fewer "
                                        f"than the {q_len} new tokens")
             valid = valid_all[:, -q_len:]
-        if layer.runtime is not runtime:
+        made = layer.runtime
+        if made is not runtime and (made.pattern, made.max_len, made.backend) != (runtime.pattern, runtime.max_len,
+                                                                                  runtime.backend):
             raise IntegrationError(
-                f"sas attention (layer {layer.layer_idx}): this SASCache was made for the pattern the layer had "
-                f"before sas_attention was applied again ({layer.runtime.pattern!r}, now {runtime.pattern!r}); "
-                f"make a new SASCache(model) for the new patterns")
+                f"sas attention (layer {layer.layer_idx}): this SASCache was made for pattern {made.pattern!r} "
+                f"(max_len={made.max_len}, backend={made.backend!r}), but the layer now runs {runtime.pattern!r} "
+                f"(max_len={runtime.max_len}, backend={runtime.backend!r}): make a new SASCache(model)")
         out = layer.attend(query, key, value, valid, scaling, memo)
     else:
-        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo)
+        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo, kwargs.get("position_ids"))
     return out.transpose(1, 2).contiguous(), None
 
 
 def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              valid_all: torch.Tensor | None, scale: float | None, memo: dict) -> torch.Tensor:
+              valid_all: torch.Tensor | None, scale: float | None, memo: dict,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Attention without an SASCache: the keys are the whole sequence so far (no cache, or a
     dense transformers cache); the queries are its last tokens."""
     where = f"sas attention (layer {getattr(module, 'layer_idx', '?')}, no SASCache)"
     B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
+    if isinstance(position_ids, torch.Tensor) and position_ids.numel() and int(position_ids.max()) >= Lk:
+        raise IntegrationError(
+            f"{where}: the queries reach position {int(position_ids.max())} but the cache handed over only {Lk} "
+            f"keys: a transformers cache that drops keys (a sliding-window model's DynamicCache keeps its window's "
+            f"last keys) cannot run a sas pattern, which numbers the keys from 0; pass SASCache(model) as the "
+            f"cache, or use_cache=False")
     valid = None
     if valid_all is not None:
         if valid_all.shape[1] < Lk:
@@ -300,10 +309,6 @@ def sas_attention(model: Any, pattern: Pattern | Mapping[int, Pattern], *, backe
     if window is not None and getattr(config, "use_sliding_window", True) and window < max_len:
         warnings.warn(f"sas_attention: the model's own sliding window ({window}) is replaced by the sas "
                       f"patterns; write it into the pattern (e.g. Diag(0, {window})) to keep it", stacklevel=2)
-        # transformers' own caches (the DynamicCache of a forward call with use_cache=True) keep the
-        # last sliding_window - 1 keys, and sas would number those from 0: widen the window past
-        # max_len, so that they keep every key (the model's masks go through sas's mask function)
-        config.sliding_window = max_len + 1
     _register()
     for i, m in enumerate(modules):
         setattr(m, RUNTIME_ATTR, runtimes[patterns[i]])
