@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -418,6 +421,17 @@ def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
         for twin in (copy.deepcopy(model), torch.load(path, weights_only=False)):
             assert twin._prepare_cache_for_generation.model is twin          # the copy's own, not the original's
             assert torch.equal(twin.generate(ids, max_new_tokens=3, do_sample=False), want), (pattern, backend)
+    # in a fresh process (where sas_attention never ran): unpickling imports sas's integration,
+    # which registers the "sas" attention (before: KeyError, not a valid attention implementation)
+    torch.save(ids, tmp_path / "ids.pt")
+    code = ("import torch; m = torch.load({m!r}, weights_only=False); ids = torch.load({i!r}); "
+            "print(m.generate(ids, max_new_tokens=3, do_sample=False).tolist())").format(
+        m=str(path), i=str(tmp_path / "ids.pt"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == str(want.tolist())
 
 
 @pytest.mark.parametrize("family,extra", [("mistral", {"sliding_window": 8}),
@@ -482,3 +496,23 @@ def test_attention_set_back_or_patterns_changed_are_not_read_through_a_stale_cac
         fresh = model(ids, past_key_values=SASCache(model), use_cache=True).logits
         torch.testing.assert_close(fresh, llama(ids, attention_mask=mask_4d(Diag(0, 3) * Causal(), 10)).logits,
                                    atol=1e-4, rtol=1e-4)
+
+
+
+def test_a_misused_cache_does_not_refuse_the_next_pass_and_offset_positions_run(llama, tmp_path):
+    """Review findings: a one-layer model switched to sdpa, given an SASCache once, leaves the
+    cache's binding untaken; the next forward pass of a sas model must still run (sas's mask
+    function clears it). Positions given by the caller with use_cache=False are not a dropped
+    cache (every key is there), on a model with or without a sliding window."""
+    one = sas_attention(tiny(num_hidden_layers=1), Causal(), backend="torch")
+    ids = ids_of(7, 1, 10)
+    with torch.no_grad():
+        one.set_attn_implementation("sdpa")
+        one(ids, past_key_values=SASCache(one), use_cache=True)          # misuse: one layer, nothing to refuse yet
+        model = with_sas(llama, Causal(), backend="torch")
+        got = model(ids, past_key_values=SASCache(model), use_cache=True).logits
+        torch.testing.assert_close(got, llama(ids).logits, atol=1e-4, rtol=1e-4)
+        offset = torch.arange(100, 110)[None]
+        for m in (model, with_sas(tiny(MistralForCausalLM, MistralConfig, seed=3, sliding_window=4), Causal(),
+                                  backend="torch")):
+            assert torch.isfinite(m(ids, position_ids=offset, use_cache=False).logits).all()

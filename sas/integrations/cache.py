@@ -48,6 +48,12 @@ class _Binding:
 _BINDING: ContextVar[_Binding | None] = ContextVar("sas_cache_binding", default=None)
 
 
+def clear_binding() -> None:
+    """Forget a binding left by an earlier forward pass (sas's mask function calls it first, so a
+    pass whose keys another attention read, or that raised, does not refuse the next pass)."""
+    _BINDING.set(None)
+
+
 def take_binding(key: torch.Tensor) -> "SASCacheLayer | None":
     """The cache layer whose `update` returned `key` just now (None when the keys did not come
     from an SASCache, e.g. a forward pass without a cache)."""
@@ -309,4 +315,4 @@ class SASCache(Cache):
         return sum(layer.dense_kv_cache_bytes(n) for layer in self.layers)
 
 
-__all__ = ["SASCache", "SASCacheLayer", "TokenMask", "take_binding", "positions_of"]
+__all__ = ["SASCache", "SASCacheLayer", "TokenMask", "clear_binding", "take_binding", "positions_of"]

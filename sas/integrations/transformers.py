@@ -33,7 +33,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from sas.errors import IntegrationError, NotYetSupportedError
-from sas.integrations.cache import SASCache, TokenMask, positions_of, take_binding
+from sas.integrations.cache import SASCache, TokenMask, clear_binding, positions_of, take_binding
 from sas.integrations.parallel import check_dynamic_under_tp, tensor_parallel_of
 from sas.integrations.pattern_runtime import PatternRuntime, check_backend
 from sas.integrations.state import ATTN_IMPLEMENTATION, RUNTIME_ATTR, STATE_ATTR, ModelState, model_state
@@ -51,6 +51,7 @@ def sas_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
              mask_function: Any = None, attention_mask: torch.Tensor | None = None, **kwargs) -> TokenMask:
     """Mask function of the "sas" implementation: the pattern is the mask, so only the padding
     (which key columns are real tokens) is passed on, once per forward pass."""
+    clear_binding()          # a new forward pass of a sas model: nothing of an earlier pass is pending
     if attention_mask is None:
         return TokenMask(None)
     valid = attention_mask.to(torch.bool)
@@ -94,7 +95,9 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                 f"(max_len={runtime.max_len}, backend={runtime.backend!r}): make a new SASCache(model)")
         out = layer.attend(query, key, value, valid, scaling, memo)
     else:
-        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo, kwargs.get("position_ids"))
+        dropping = kwargs.get("sliding_window") is not None      # transformers' cache may keep a window only
+        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo,
+                        kwargs.get("position_ids") if dropping else None)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -102,10 +105,14 @@ def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: t
               valid_all: torch.Tensor | None, scale: float | None, memo: dict,
               position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Attention without an SASCache: the keys are the whole sequence so far (no cache, or a
-    dense transformers cache); the queries are its last tokens."""
+    dense transformers cache); the queries are its last tokens. `position_ids`: given for a
+    sliding-window model, whose own cache keeps only the window's last keys (checked)."""
     where = f"sas attention (layer {getattr(module, 'layer_idx', '?')}, no SASCache)"
     B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
-    if isinstance(position_ids, torch.Tensor) and position_ids.numel() and int(position_ids.max()) >= Lk:
+    # without a cache the keys are the whole sequence (Lq == Lk); with a sliding-window cache,
+    # fewer keys than the queries' positions mean it dropped some
+    if Lq < Lk and isinstance(position_ids, torch.Tensor) and position_ids.numel() and \
+            int(position_ids.max()) >= Lk:
         raise IntegrationError(
             f"{where}: the queries reach position {int(position_ids.max())} but the cache handed over only {Lk} "
             f"keys: a transformers cache that drops keys (a sliding-window model's DynamicCache keeps its window's "
@@ -139,6 +146,11 @@ def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: t
 def _register() -> None:
     AttentionInterface.register(ATTN_IMPLEMENTATION, sas_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sas_mask)
+
+
+# at import too: a model saved after sas_attention (torch.save) and loaded in another process
+# imports this module while it is unpickled, and then finds "sas" registered
+_register()
 
 
 # --- the cache argument's name --------------------------------------------------------------
