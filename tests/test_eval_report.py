@@ -144,6 +144,9 @@ def test_a_pattern_the_integration_refuses_gets_an_error_row():
     ({"contexts": [128], "patterns": [EvalPattern("a"), EvalPattern("a", Diag(0, 4))]}, "given twice"),
     ({"contexts": [128], "patterns": [EvalPattern("x", {5: Diag(0, 4)})]}, "out of range"),
     ({"contexts": [128], "patterns": [EvalPattern("nc", Diag(-4, 8))]}, "not causal"),
+    # found by a new-user exploration: once refused only after the dense perplexity had run
+    ({"contexts": [16, 128], "patterns": [EvalPattern("dense"), EvalPattern("w", Diag(0, 4))]},
+     "too short for a passkey prompt"),
 ])
 def test_report_bad_arguments_fail_before_any_forward(kwargs, match):
     model = tiny_llama()

@@ -24,7 +24,8 @@ from sas.errors import SASError
 from sas.integrations.backend_names import MODEL_BACKENDS
 from sas.evaluation.cache_bytes import CacheBytes, PatternArg, kv_cache_bytes, layer_patterns
 from sas.evaluation.coverage import EmptyRows, empty_rows
-from sas.evaluation.passkey import DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, PasskeyResult, accuracy, check_depth, run_passkey
+from sas.evaluation.passkey import (DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, PasskeyResult, accuracy, check_depth,
+                                    passkey_prompt, run_passkey)
 from sas.evaluation.perplexity import DEFAULT_DECODE_TOKENS, Perplexity, check_args, perplexity
 from sas.evaluation.text import corpus_info, corpus_tokens
 from sas.models import ModelError, ModelShape
@@ -223,6 +224,9 @@ def evaluate_patterns(model: Any, tokenizer: Any, patterns: Sequence[EvalPattern
     if shape.max_positions and max(contexts) > shape.max_positions:
         warnings.append(f"context {max(contexts)} exceeds the model's {shape.max_positions} trained positions")
     caches, empties = pattern_checks(patterns, contexts, shape, dtype, warnings)
+    if depths:      # a context too short for a passkey prompt: refused before any forward (tokenizer only)
+        for c in contexts:
+            passkey_prompt(tokenizer, c, depths[0], "12345")
 
     ids = corpus_tokens(tokenizer, tokens)
     units = (len(patterns) + (not any(p.dense for p in patterns))) * len(contexts)
