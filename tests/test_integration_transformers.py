@@ -138,9 +138,18 @@ def test_keyless_rows_give_finite_logits(llama):
     p = (Rect(size=(8, 8)) >> Diag(0, 1)) * Rect(stride=4) * Causal()
     model = with_sas(llama, p, backend="torch")
     seq = ids_of(4, 1, 24)
-    with torch.no_grad():
-        logits = model(seq).logits
+    seen = []
+    hook = model.model.layers[0].self_attn.register_forward_hook(lambda m, a, out: seen.append(out[0][0]))
+    try:
+        with torch.no_grad():
+            logits = model(seq).logits
+    finally:
+        hook.remove()
     assert torch.isfinite(logits).all()
+    rows = torch.from_numpy(p.to_mask(24).any(axis=1))
+    assert int((~rows).sum()) == 18                        # 3 rows in 4 have no key
+    attn = seen[0]                                         # layer 0's attention output (o_proj has no bias)
+    assert (attn[~rows] == 0).all() and (attn[rows].abs().sum(dim=-1) > 0).all()
 
 
 def test_layer_patterns_dict(llama):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -123,14 +123,17 @@ def test_table1_examples_at_2k_exact(name):
     check(example_pattern(name), 2048, 2048, 128, 64)
 
 
-def test_table1_examples_fast_at_16k():
-    total = 0.0
+def test_table1_examples_at_16k_without_a_dense_mask():
+    """The tile map at 16K classifies boxes; it never builds the 16K x 16K mask (256 MiB of
+    bools), which is what keeps it fast (timed in benchmarks, never in a test): its peak
+    allocation stays under 32 MiB (about 2-4 MiB measured)."""
     for name in TABLE1_NAMES:
         p = example_pattern(name)
-        t = time.perf_counter()
-        tm = tile_map(p, 16384, 16384, 128, 64)
-        dt = time.perf_counter() - t
-        total += dt
-        assert dt < 1.0, f"{name}: tile map at 16K took {dt:.2f} s"
+        tracemalloc.start()
+        try:
+            tm = tile_map(p, 16384, 16384, 128, 64)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 32 << 20, f"{name}: the tile map at 16K allocated {peak / 2**20:.0f} MiB"
         assert tm.num_full + tm.num_partial > 0
-    assert total < 3.0

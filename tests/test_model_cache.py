@@ -128,7 +128,12 @@ def test_concurrent_loaders_convert_once(tmp_path, monkeypatch):
     f = _gguf(tmp_path)
     slow = Converter(delay=0.3)
     out: list[Path | None] = []
-    threads = [threading.Thread(target=lambda: out.append(cached_checkpoint(f, slow))) for _ in range(3)]
+    start = threading.Barrier(3)        # the three ask at once (a sleep alone may run them one after another)
+
+    def load() -> None:
+        start.wait()
+        out.append(cached_checkpoint(f, slow))
+    threads = [threading.Thread(target=load) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -154,5 +159,10 @@ def test_smollm2_from_the_cache_equals_the_gguf_dequantization():
                        torch.from_numpy(np.array(norm.data, dtype=np.float32)))
 
 
-def test_module_names_its_version():
+def test_module_names_its_version(tmp_path, monkeypatch):
+    """The format version is part of an entry's folder: a new format never reads an old entry."""
     assert isinstance(model_cache.FORMAT_VERSION, int)
+    f = _gguf(tmp_path)
+    before = entry_dir(tmp_path / "cache", f)
+    monkeypatch.setattr(model_cache, "FORMAT_VERSION", model_cache.FORMAT_VERSION + 1)
+    assert entry_dir(tmp_path / "cache", f) != before

@@ -128,10 +128,11 @@ def test_template_dir_override(tmp_path, monkeypatch):
     t.write_text(marker + t.read_text())
     monkeypatch.setenv("SAS_TEMPLATE_DIR", str(tmp_path / "templates"))
     assert template_dir() == tmp_path / "templates" / "triton"
-    assert _render("prefill.py.jinja", **_prefill_context()).startswith(marker)
+    ctx = _prefill_context()
+    assert _render("prefill.py.jinja", **ctx).startswith(marker)
     monkeypatch.setenv("SAS_TEMPLATE_DIR", str(tmp_path / "nowhere"))
-    with pytest.raises(KernelError, match="SAS_TEMPLATE_DIR"):
-        _render("prefill.py.jinja", **_prefill_context())
+    with pytest.raises(KernelError, match="SAS_TEMPLATE_DIR"):      # _render itself refuses (a review finding)
+        _render("prefill.py.jinja", **ctx)
 
 
 def test_templates_read_through_a_zip(tmp_path):
