@@ -362,7 +362,7 @@ def test_step_shapes_are_checked():
         RT.prefill(layer, q[:, :, :5], k, v, SelectionStore(), 0)
     with pytest.raises(KernelError, match="multiple"):
         RT.prefill(layer, q[:, :3], k, v, SelectionStore(), 0)
-    with pytest.raises(SASError):
+    with pytest.raises(SASError, match="tile=.* must be a positive integer"):
         KascadeLayer("anchor", tile=0)
 
 

@@ -170,7 +170,7 @@ def test_compile_dynamic_errors(tmp_path):
         compile_pattern(Diag(0, 2) + Diag(5, None) * Dynamic(budget=2), tmp_path / "d", max_len=64)
     with pytest.raises(SASError, match="budget"):
         compile_pattern(Diag(0, 2) + Diag(2, 6) * Dynamic(budget=7), tmp_path / "d", max_len=64)
-    with pytest.raises(SASError):
+    with pytest.raises(SASError, match="pattern must be a sas Pattern, got str"):
         compile_pattern("Diag(0, 4)", tmp_path / "d")  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []
 

@@ -183,21 +183,27 @@ def test_union_over_rows_and_chunk_expansion():
     assert expand_chunks(m, 4, 6).tolist() == [[True] * 6]
 
 
-@pytest.mark.parametrize("kwargs", [dict(p=0.0), dict(p=1.5), dict(p=-0.1), dict(p=float("nan")), dict(p="0.9"),
-                                    dict(k=0), dict(p=0.9, k=3), dict(), dict(p=0.5, chunk=0),
-                                    dict(k=3, iters=10), dict(p=0.5, iters=0)])
-def test_bad_requests(kwargs):
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(p=0.0), "p must be a number"), (dict(p=1.5), "p must be a number"), (dict(p=-0.1), "p must be a number"),
+    (dict(p=float("nan")), "p must be a number"), (dict(p="0.9"), "p must be a number"),
+    (dict(k=0), "k must be a positive integer"), (dict(p=0.9, k=3), "give exactly one of p"), (dict(), "give exactly one of p"),
+    (dict(p=0.5, chunk=0), "chunk must be a positive integer"), (dict(k=3, iters=10), "iters=.*applies to top-p only"),
+    (dict(p=0.5, iters=0), "iters must be None")])
+def test_bad_requests(kwargs, match):
     x = torch.rand(1, 1, 1, 8)
-    with pytest.raises(KernelError):
+    with pytest.raises(KernelError, match=f"select_reference: {match}"):
         select_reference(x, **kwargs)
-    with pytest.raises(KernelError):
+    with pytest.raises(KernelError, match=f"threshold_select: {match}"):
         threshold_select(x, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(method="sort"), dict(splits=0), dict(splits=2.0), dict(block=100),
-                                    dict(block=8)])
-def test_bad_kernel_options(kwargs):
-    with pytest.raises(KernelError):
+@pytest.mark.parametrize("kwargs,match", [(dict(method="sort"), "method must be one of"),
+                                          (dict(splits=0), "splits must be None"),
+                                          (dict(splits=2.0), "splits must be None"),
+                                          (dict(block=100), "block must be a power of two"),
+                                          (dict(block=8), "block must be a power of two")])
+def test_bad_kernel_options(kwargs, match):
+    with pytest.raises(KernelError, match=f"threshold_select: {match}"):
         threshold_select(torch.rand(1, 1, 1, 8), p=0.5, **kwargs)
 
 
