@@ -147,6 +147,8 @@ def test_a_pattern_the_integration_refuses_gets_an_error_row():
     # found by a new-user exploration: once refused only after the dense perplexity had run
     ({"contexts": [16, 128], "patterns": [EvalPattern("dense"), EvalPattern("w", Diag(0, 4))]},
      "too short for a passkey prompt"),
+    ({"contexts": [128], "trials": 0}, "trials must be a positive integer"),
+    ({"contexts": [128], "passkey_batch": 0}, "batch_size must be a positive integer"),
 ])
 def test_report_bad_arguments_fail_before_any_forward(kwargs, match):
     model = tiny_llama()

@@ -525,3 +525,9 @@ def test_a_misused_cache_does_not_refuse_the_next_pass_and_offset_positions_run(
         for m in (model, with_sas(tiny(MistralForCausalLM, MistralConfig, seed=3, sliding_window=4), Causal(),
                                   backend="torch")):
             assert torch.isfinite(m(ids, position_ids=offset, use_cache=False).logits).all()
+        # a sliding-window cache that is not full yet holds every key: offset positions step on it
+        wide = with_sas(tiny(MistralForCausalLM, MistralConfig, seed=3, sliding_window=32), Causal(),
+                        backend="torch")
+        own = wide(ids, position_ids=offset, use_cache=True).past_key_values
+        step = wide(ids[:, :1], past_key_values=own, position_ids=torch.tensor([[110]]), use_cache=True)
+        assert torch.isfinite(step.logits).all()

@@ -100,6 +100,33 @@ def test_a_copied_model_renews_its_own_store(small):
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+def test_a_saved_model_loads_in_a_fresh_process(tmp_path):
+    """torch.save of a Kascade model, torch.load and generate in another process: unpickling
+    imports sas's Kascade integration, which registers its attention (before: KeyError, not a
+    valid attention implementation). A review finding."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from model_fixtures import tiny_llama
+
+    m = kascade_attention(copy.deepcopy(tiny_llama()), anchors=[0], frac=0.5, min_keys=2, backend="torch")
+    ids = torch.randint(1, 100, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = m.generate(ids, max_new_tokens=3, do_sample=False)
+    torch.save(m, tmp_path / "m.pt")
+    torch.save(ids, tmp_path / "ids.pt")
+    code = (f"import torch; m = torch.load({str(tmp_path / 'm.pt')!r}, weights_only=False); "
+            f"ids = torch.load({str(tmp_path / 'ids.pt')!r}); "
+            f"print(m.generate(ids, max_new_tokens=3, do_sample=False).tolist())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == str(want.tolist())
+
+
 def test_reuse_layer_called_outside_a_step_with_an_anchor_is_an_error(small):
     m = fresh(small)
     kascade_attention(m, anchors=[0], backend="torch")

@@ -128,7 +128,7 @@ def test_concurrent_loaders_convert_once(tmp_path, monkeypatch):
     f = _gguf(tmp_path)
     slow = Converter(delay=0.3)
     out: list[Path | None] = []
-    start = threading.Barrier(3)        # the three ask at once (a sleep alone may run them one after another)
+    start = threading.Barrier(3, timeout=60)   # the three ask at once (a sleep alone may run them in turn)
 
     def load() -> None:
         start.wait()
@@ -138,7 +138,7 @@ def test_concurrent_loaders_convert_once(tmp_path, monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    assert slow.calls == 1 and len(set(out)) == 1 and is_complete(out[0])
+    assert len(out) == 3 and slow.calls == 1 and len(set(out)) == 1 and is_complete(out[0])   # no loader failed
 
 
 def test_smollm2_from_the_cache_equals_the_gguf_dequantization():

@@ -156,17 +156,25 @@ def _pad_id(tokenizer: Any) -> int:
 
 
 @torch.no_grad()
-def run_passkey(model: Any, tokenizer: Any, context: int, depths: Sequence[float] = DEFAULT_DEPTHS, *,
-                trials: int = 1, seed: int = 0, max_new_tokens: int = DEFAULT_NEW_TOKENS,
-                batch_size: int = 8) -> list[PasskeyResult]:
-    """Greedy passkey retrieval at each depth (x `trials` keys), `batch_size` prompts per
-    `generate` call (prompts of one context have one length: no padding)."""
+def passkey_jobs(tokenizer: Any, context: int, depths: Sequence[float], *, trials: int, seed: int,
+                 max_new_tokens: int, batch_size: int) -> tuple[list[tuple[float, int, str]], list[PasskeyPrompt]]:
+    """The (depth, trial, key) jobs of `run_passkey` and their prompts, every argument checked:
+    the tokenizer alone tells, before any forward, whether the context holds each real prompt."""
     depths = [check_depth(d) for d in depths]
     for name, v in (("trials", trials), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ModelError(f"{name} must be a positive integer, got {v!r}")
     jobs = [(d, t, passkey_key(seed, context, d, t)) for d in depths for t in range(trials)]
-    prompts = [passkey_prompt(tokenizer, context, d, key) for d, _, key in jobs]
+    return jobs, [passkey_prompt(tokenizer, context, d, key) for d, _, key in jobs]
+
+
+def run_passkey(model: Any, tokenizer: Any, context: int, depths: Sequence[float] = DEFAULT_DEPTHS, *,
+                trials: int = 1, seed: int = 0, max_new_tokens: int = DEFAULT_NEW_TOKENS,
+                batch_size: int = 8) -> list[PasskeyResult]:
+    """Greedy passkey retrieval at each depth (x `trials` keys), `batch_size` prompts per
+    `generate` call (prompts of one context have one length: no padding)."""
+    jobs, prompts = passkey_jobs(tokenizer, context, depths, trials=trials, seed=seed,
+                                 max_new_tokens=max_new_tokens, batch_size=batch_size)
     device = next(model.parameters()).device
     results: list[PasskeyResult] = []
     for start in range(0, len(jobs), batch_size):
@@ -191,5 +199,5 @@ def accuracy(results: Sequence[PasskeyResult]) -> float:
 
 
 __all__ = ["ANSWER_START", "DEFAULT_DEPTHS", "DEFAULT_NEW_TOKENS", "FILLER", "INTRO", "KEY_SENTENCE",
-           "PasskeyPrompt", "PasskeyResult", "accuracy", "check_depth", "passkey_key", "passkey_prompt",
+           "PasskeyPrompt", "PasskeyResult", "accuracy", "check_depth", "passkey_jobs", "passkey_key", "passkey_prompt",
            "retrieved", "run_passkey"]

@@ -25,7 +25,7 @@ from sas.integrations.backend_names import MODEL_BACKENDS
 from sas.evaluation.cache_bytes import CacheBytes, PatternArg, kv_cache_bytes, layer_patterns
 from sas.evaluation.coverage import EmptyRows, empty_rows
 from sas.evaluation.passkey import (DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, PasskeyResult, accuracy, check_depth,
-                                    passkey_prompt, run_passkey)
+                                    passkey_jobs, run_passkey)
 from sas.evaluation.perplexity import DEFAULT_DECODE_TOKENS, Perplexity, check_args, perplexity
 from sas.evaluation.text import corpus_info, corpus_tokens
 from sas.models import ModelError, ModelShape
@@ -224,9 +224,10 @@ def evaluate_patterns(model: Any, tokenizer: Any, patterns: Sequence[EvalPattern
     if shape.max_positions and max(contexts) > shape.max_positions:
         warnings.append(f"context {max(contexts)} exceeds the model's {shape.max_positions} trained positions")
     caches, empties = pattern_checks(patterns, contexts, shape, dtype, warnings)
-    if depths:      # a context too short for a passkey prompt: refused before any forward (tokenizer only)
+    if depths:      # the passkey arguments, and every real prompt fitting its context: before any forward
         for c in contexts:
-            passkey_prompt(tokenizer, c, depths[0], "12345")
+            passkey_jobs(tokenizer, c, depths, trials=trials, seed=seed, max_new_tokens=passkey_new_tokens,
+                         batch_size=passkey_batch)
 
     ids = corpus_tokens(tokenizer, tokens)
     units = (len(patterns) + (not any(p.dense for p in patterns))) * len(contexts)

@@ -107,6 +107,11 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kascade_mask)
 
 
+# at import too: a Kascade model saved with torch.save and loaded in another process imports
+# this module while it is unpickled, and then finds "kascade" registered
+_register()
+
+
 def layer_roles(num_layers: int, anchors: Sequence[int], head_map: Any, hkv: int, *, frac: float = 0.1,
                 min_keys: int = 128, tile: int = TILE, name: str = "kascade") -> list[KascadeLayer]:
     """The KascadeLayer of every layer: anchors[0] == 0 dense, other anchors sparse, the rest

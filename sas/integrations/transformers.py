@@ -95,24 +95,24 @@ def sas_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                 f"(max_len={runtime.max_len}, backend={runtime.backend!r}): make a new SASCache(model)")
         out = layer.attend(query, key, value, valid, scaling, memo)
     else:
-        dropping = kwargs.get("sliding_window") is not None      # transformers' cache may keep a window only
-        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo,
-                        kwargs.get("position_ids") if dropping else None)
+        out = _uncached(runtime, module, query, key, value, valid_all, scaling, memo, kwargs.get("position_ids"),
+                        kwargs.get("sliding_window"))
     return out.transpose(1, 2).contiguous(), None
 
 
 def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               valid_all: torch.Tensor | None, scale: float | None, memo: dict,
-              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+              position_ids: torch.Tensor | None = None, sliding_window: int | None = None) -> torch.Tensor:
     """Attention without an SASCache: the keys are the whole sequence so far (no cache, or a
-    dense transformers cache); the queries are its last tokens. `position_ids`: given for a
-    sliding-window model, whose own cache keeps only the window's last keys (checked)."""
+    dense transformers cache); the queries are its last tokens. `sliding_window` (the model's,
+    where it has one) and `position_ids`: a sliding-window model's own cache keeps only the
+    window's last keys, which is checked."""
     where = f"sas attention (layer {getattr(module, 'layer_idx', '?')}, no SASCache)"
     B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
-    # without a cache the keys are the whole sequence (Lq == Lk); with a sliding-window cache,
-    # fewer keys than the queries' positions mean it dropped some
-    if Lq < Lk and isinstance(position_ids, torch.Tensor) and position_ids.numel() and \
-            int(position_ids.max()) >= Lk:
+    # a sliding-window cache drops keys once it is full (it then hands over its window - 1 past keys):
+    # then fewer keys than the queries' positions mean it dropped some (without a cache Lq == Lk)
+    if sliding_window is not None and Lk - Lq >= sliding_window - 1 and isinstance(position_ids, torch.Tensor) \
+            and position_ids.numel() and int(position_ids.max()) >= Lk:
         raise IntegrationError(
             f"{where}: the queries reach position {int(position_ids.max())} but the cache handed over only {Lk} "
             f"keys: a transformers cache that drops keys (a sliding-window model's DynamicCache keeps its window's "
