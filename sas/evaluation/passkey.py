@@ -155,7 +155,6 @@ def _pad_id(tokenizer: Any) -> int:
     return 0
 
 
-@torch.no_grad()
 def passkey_jobs(tokenizer: Any, context: int, depths: Sequence[float], *, trials: int, seed: int,
                  max_new_tokens: int, batch_size: int) -> tuple[list[tuple[float, int, str]], list[PasskeyPrompt]]:
     """The (depth, trial, key) jobs of `run_passkey` and their prompts, every argument checked:
@@ -168,6 +167,7 @@ def passkey_jobs(tokenizer: Any, context: int, depths: Sequence[float], *, trial
     return jobs, [passkey_prompt(tokenizer, context, d, key) for d, _, key in jobs]
 
 
+@torch.no_grad()
 def run_passkey(model: Any, tokenizer: Any, context: int, depths: Sequence[float] = DEFAULT_DEPTHS, *,
                 trials: int = 1, seed: int = 0, max_new_tokens: int = DEFAULT_NEW_TOKENS,
                 batch_size: int = 8) -> list[PasskeyResult]:

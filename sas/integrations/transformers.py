@@ -106,7 +106,8 @@ def _uncached(rt: PatternRuntime, module: torch.nn.Module, q: torch.Tensor, k: t
     """Attention without an SASCache: the keys are the whole sequence so far (no cache, or a
     dense transformers cache); the queries are its last tokens. `sliding_window` (the model's,
     where it has one) and `position_ids`: a sliding-window model's own cache keeps only the
-    window's last keys, which is checked."""
+    window's last keys, which is checked (from the shapes alone: a cache that holds window - 1
+    past keys with positions given past them is refused even when it dropped none)."""
     where = f"sas attention (layer {getattr(module, 'layer_idx', '?')}, no SASCache)"
     B, Lq, Lk = q.shape[0], q.shape[2], k.shape[2]
     # a sliding-window cache drops keys once it is full (it then hands over its window - 1 past keys):
