@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -93,7 +94,9 @@ def check_small(name: str, dev, dtype) -> dict:
 
 def eager_loop_ms(kern, qd, kd, vd, steps: int) -> float:
     """ms per step of `steps` calls of `kern.decode` back to back at advancing positions, as a
-    model's decode loop makes them (one synchronize before and after)."""
+    model's decode loop makes them (one synchronize before and after; the garbage collector
+    emptied before, left on during the loop)."""
+    gc.collect()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(steps):

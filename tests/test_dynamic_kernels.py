@@ -443,6 +443,24 @@ def test_decode_checks_every_new_shape_after_a_checked_one():
     assert ker.dynamic.rt.length == 10
 
 
+def test_decode_checks_a_step_again_after_a_new_prompt_of_other_heads():
+    """The skipped checks are keyed on the prompt too: a prompt with other query heads, laid
+    through the runtime (kernel.dynamic.prefill, which SASAttnKernel's own prefill does not see),
+    makes the next step of the old shapes a KernelError, not a step read with the wrong heads."""
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=32)
+    p = torch.randn(1, 2, 8, 16, device=DEV)
+    ker.prefill(p, p, p)
+    x = torch.randn(1, 2, 1, 16, device=DEV)
+    ker.decode(x, x, x)
+    q4 = torch.randn(1, 4, 8, 16, device=DEV)
+    ker.dynamic.prefill(q4, p, p)
+    with pytest.raises(KernelError, match="do not match the prompt's batch 1, 4 query / 2 kv heads"):
+        ker.decode(x, x, x)
+    assert ker.dynamic.rt.length == 8
+    out = ker.decode(torch.randn(1, 4, 1, 16, device=DEV), x, x)
+    assert out.shape == (1, 4, 1, 16) and ker.dynamic.rt.length == 9
+
+
 def test_step_graph_rebinds_only_tensors_laid_out_like_its_buffers(monkeypatch):
     """The replayed step reads the caller's tensors in place only where the kernels would address
     them as they address the captured buffers: 16-byte aligned, the same strides on every

@@ -139,8 +139,13 @@ class DynamicRuntime:
         return out
 
     # --- decode ----------------------------------------------------------------------------
-    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One token at the next position of the sequence batch the last prefill started."""
+    @property
+    def shape(self) -> tuple | None:
+        """The prompt's (batch, query heads, KV heads, head dim, dtype, device); None before one."""
+        return self.rt.shape if self.rt.state is not None else None
+
+    def check_step(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """A decode step's q and k against the prompt's batch, heads, head dim, dtype and device."""
         if self.rt.state is None:
             raise KernelError("SASAttnKernel.decode: no prompt yet; call kernel.prefill(q, k, v) before decode")
         B, H, Hkv, D, dtype, dev = self.rt.shape
@@ -148,8 +153,21 @@ class DynamicRuntime:
             raise KernelError(f"SASAttnKernel.decode: q {tuple(q.shape)} {q.dtype} on {q.device} and k "
                               f"{tuple(k.shape)} do not match the prompt's batch {B}, {H} query / {Hkv} kv "
                               f"heads, head_dim {D}, {dtype} on {dev}")
-        acc = None if self.cplan.fused is not None else (lambda rt, q_, pos: self._torch_scores(q_, pos))
-        return self.rt.decode(q, k, v, accumulate=acc)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One token at the next position of the sequence batch the last prefill started."""
+        self.check_step(q, k)
+        return self.decode_checked(q, k, v)
+
+    def decode_checked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """`decode` for q, k, v (one token, tensors of one dtype and device) that passed
+        `check_step` against the current prompt: `SASAttnKernel`'s session checks them once per
+        signature, and its steps skip the checks' host time (H100: 2-3 us a step each)."""
+        if self.rt.state is None:
+            raise KernelError("SASAttnKernel.decode: no prompt yet; call kernel.prefill(q, k, v) before decode")
+        if self.cplan.fused is not None:
+            return self.rt.decode(q, k, v, prompt_shaped=True)
+        return self.rt.decode(q, k, v, accumulate=lambda rt, q_, pos: self._torch_scores(q_, pos), prompt_shaped=True)
 
     def _torch_scores(self, q: torch.Tensor, pos: int) -> None:
         """A general chain for query `pos`: probabilities in key order from the attention

@@ -314,6 +314,8 @@ class StepGraph:
         self.slots: PointerSlots | None = None          # `found` while rebinding; None: copy in and out
         self.own = True              # the graph's arguments point at its own buffers
         self.pos_at: int | None = None       # the value state.pos holds, as far as the host knows
+        #: the graph's shapes, dtype and device are the prompt's (`Runtime.decode(prompt_shaped=True)`)
+        self.prompt_shaped = False
 
     def _capture(self, device: torch.device) -> None:
         rt = self.runtime
@@ -341,8 +343,13 @@ class StepGraph:
     def _bindable(self, *pairs: tuple[torch.Tensor, torch.Tensor]) -> bool:
         """Each tensor 16-byte aligned with its buffer's strides (where a dimension has more than
         one entry: the kernels never step along the others)."""
-        return all(t.data_ptr() % 16 == 0 and all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), b_.stride()))
-                   for t, b_ in pairs)
+        for t, b_ in pairs:
+            if t.data_ptr() % 16:
+                return False
+            st, sb = t.stride(), b_.stride()
+            if st != sb and not all(n == 1 or a == b for n, a, b in zip(t.shape, st, sb)):
+                return False
+        return True
 
     def _run(self, pos: int, kernels: Callable[[], Any]) -> None:
         """`kernels()` at position `pos` (state.pos written only where the host's copy differs)."""
@@ -521,8 +528,11 @@ class Runtime:
 
     # --- decode -----------------------------------------------------------------------------
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               accumulate: Callable[[Runtime, torch.Tensor, int], None] | None = None) -> torch.Tensor:
-        """One token at position `self.length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D]."""
+               accumulate: Callable[[Runtime, torch.Tensor, int], None] | None = None, *,
+               prompt_shaped: bool = False) -> torch.Tensor:
+        """One token at position `self.length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D].
+        `prompt_shaped`: the caller has checked that q, k and v have the prompt's batch, heads,
+        head dim, dtype and device (a replayed step then skips comparing them with the graph's)."""
         K = self.kernels
         if self.state is None:
             raise RuntimeError("Runtime.decode: no prompt yet; call prefill (or start) first")
@@ -533,7 +543,7 @@ class Runtime:
             raise ValueError("Runtime.decode: the score chain is not fused; pass accumulate=")
         st = self.state
         if self._graphable(q, accumulate):
-            out = self._graph_step(q, k, v, pos)
+            out = self._graph_step(q, k, v, pos, prompt_shaped)
         else:
             out = torch.empty_like(q)
             if K.REDUCE is None:
@@ -556,12 +566,15 @@ class Runtime:
         return (self.graphs and q.is_cuda and K.REDUCE is not None and not K.REFRESH and accumulate is None
                 and not torch.cuda.is_current_stream_capturing())
 
-    def _graph_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch.Tensor:
-        st = self.state
-        key = (id(st), q.shape, k.shape, v.shape, q.dtype, k.dtype, q.device)
-        g = self._graph
+    def _graph_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
+                    prompt_shaped: bool = False) -> torch.Tensor:
+        g = self._graph         # (None after each prompt: `start`)
+        if prompt_shaped and g is not None and g.prompt_shaped:
+            return g.step(q, k, v, pos)
+        key = (id(self.state), q.shape, k.shape, v.shape, q.dtype, k.dtype, q.device)
         if g is None or g.key != key:
             g = self._graph = StepGraph(self, key, q, k, v)
+        g.prompt_shaped = g.prompt_shaped or prompt_shaped
         return g.step(q, k, v, pos)
 
     def _device_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:

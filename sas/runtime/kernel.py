@@ -148,12 +148,17 @@ class _DynamicSession:
         return self.runtime.prefill(q, k, v)
 
     def decode(self, where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        runtime = self.runtime
+        fast = getattr(runtime, "decode_checked", None)
         sig = None
         if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor:
-            sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+            sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                   runtime.shape if fast is not None else None)
         if sig is None or sig != self._checked:
             check_qkv(where, q, k, v)
             check_one_token(where, q, k)
+            if fast is not None:
+                runtime.check_step(q, k)
             cache = self.k_cache
             if cache is not None and (k.shape[:2] != cache.shape[:2] or k.shape[3] != cache.shape[3]
                                       or q.dtype != cache.dtype or q.device != cache.device):
@@ -162,10 +167,12 @@ class _DynamicSession:
                                   f"{list(cache.shape)} (batch, KV heads, slots, head dim) {cache.dtype} on "
                                   f"{cache.device}")
             self._checked = sig
-        if self.length >= self.plan.max_len:
-            raise KernelError(f"{where}: position {self.length} is past max_len={self.plan.max_len}; build the "
+        if runtime.length >= self.plan.max_len:
+            raise KernelError(f"{where}: position {runtime.length} is past max_len={self.plan.max_len}; build the "
                               f"kernel with a larger max_len")
-        return self.runtime.decode(q, k, v)
+        if fast is not None and sig is not None:
+            return fast(q, k, v)
+        return runtime.decode(q, k, v)
 
     def forward(self, q, k, v, past_k, past_v, position) -> torch.Tensor:
         if past_k is not None or past_v is not None:
@@ -374,7 +381,7 @@ class SASAttnKernel(torch.nn.Module):
     def _check_grad(self, where: str, **tensors: Any) -> None:
         """Only backend='torch' is differentiable: elsewhere an input that requires grad, with
         gradients being recorded, is refused (`check_no_grad`)."""
-        if self.backend != "torch":
+        if self.backend != "torch" and torch.is_grad_enabled():
             ways_out = ("run it under torch.no_grad() or torch.inference_mode(); a pattern with a Dynamic component "
                         "has no differentiable backend" if self.plan.is_dynamic else
                         "run it under torch.no_grad() or torch.inference_mode(), or use backend='torch', whose "
