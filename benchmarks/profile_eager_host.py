@@ -83,12 +83,17 @@ def main() -> None:
             g.step(qd, kd, vd, rt.length)
             rt.length += 1
 
+        def replay():               # the graph advances the device's position: the host follows
+            g.graph.replay()
+            rt.length += 1
+            g.pos_at = rt.length
+
         rows = [("SASAttnKernel.decode", lambda: kern.decode(qd, kd, vd)),
                 ("_DynamicSession.decode", lambda: sess.decode("x", qd, kd, vd)),
                 ("dynamic runtime .decode", lambda: dyn.decode(qd, kd, vd)),
                 ("dynamic_host.Runtime.decode", lambda: rt.decode(qd, kd, vd)),
                 ("StepGraph.step", graph_step),
-                ("CUDAGraph.replay", g.graph.replay),
+                ("CUDAGraph.replay", replay),
                 ("torch.empty_like(out)", lambda: torch.empty_like(g.out)),
                 ("out.new_empty(shape)", lambda: g.out.new_empty(shape)),
                 ("torch.empty(shape, dtype, device)", lambda: torch.empty(shape, dtype=dt, device=dev)),

@@ -461,6 +461,25 @@ def test_decode_checks_a_step_again_after_a_new_prompt_of_other_heads():
     assert out.shape == (1, 4, 1, 16) and ker.dynamic.rt.length == 9
 
 
+def test_dynamic_runtime_decode_checks_every_input_it_vouches_for():
+    """kernel.dynamic.decode, called directly, checks what its fast path takes on trust: one token
+    each, k and v of one shape, one dtype for all three (the prompt's), before any work."""
+    ker = SASAttnKernel(Diag(0, 4) + Diag(4, None) * Dynamic(budget=2), max_len=32)
+    p = torch.randn(1, 2, 8, 16, device=DEV)
+    ker.prefill(p, p, p)
+    x = torch.randn(1, 2, 1, 16, device=DEV)
+    ker.dynamic.decode(x, x, x)
+    bad = [((x, x.half(), x), "dtype"), ((x, x, x.double()), "dtype"),
+           ((torch.randn(1, 2, 3, 16, device=DEV), x, x), "one token"),
+           ((x, x, torch.randn(1, 2, 2, 16, device=DEV)), "same shape")]
+    for args, match in bad:
+        with pytest.raises(KernelError, match=match):
+            ker.dynamic.decode(*args)
+        assert ker.dynamic.rt.length == 9
+    ker.dynamic.decode(x, x, x)
+    assert ker.dynamic.rt.length == 10
+
+
 def test_step_graph_rebinds_only_tensors_laid_out_like_its_buffers(monkeypatch):
     """The replayed step reads the caller's tensors in place only where the kernels would address
     them as they address the captured buffers: 16-byte aligned, the same strides on every

@@ -30,10 +30,13 @@ from sas.codegen.triton_backend import decode_module, dynamic_decode_module, pre
 from sas.errors import KernelError
 from sas.plan import Plan
 from sas.runtime import dynamic_host
+from sas.runtime.checks import check_one_token, check_qkv
 from sas.runtime.static import check_triton_tensor
 from sas.runtime.tiles import runs_tensors
 
 LOG2E = dynamic_host.LOG2E
+#: the name a decode step's errors give
+_DECODE = "SASAttnKernel.decode"
 
 
 class DynamicRuntime:
@@ -144,27 +147,32 @@ class DynamicRuntime:
         """The prompt's (batch, query heads, KV heads, head dim, dtype, device); None before one."""
         return self.rt.shape if self.rt.state is not None else None
 
-    def check_step(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        """A decode step's q and k against the prompt's batch, heads, head dim, dtype and device."""
+    def check_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A decode step's q, k, v: one token each, k and v of one shape, all of one dtype and
+        device (`check_qkv`, `check_one_token`), and of the prompt's batch, heads, head dim,
+        dtype and device."""
+        check_qkv(_DECODE, q, k, v)
+        check_one_token(_DECODE, q, k)
         if self.rt.state is None:
-            raise KernelError("SASAttnKernel.decode: no prompt yet; call kernel.prefill(q, k, v) before decode")
+            raise KernelError(f"{_DECODE}: no prompt yet; call kernel.prefill(q, k, v) before decode")
         B, H, Hkv, D, dtype, dev = self.rt.shape
         if (q.shape[0], q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device) != (B, H, Hkv, D, dtype, dev):
-            raise KernelError(f"SASAttnKernel.decode: q {tuple(q.shape)} {q.dtype} on {q.device} and k "
+            raise KernelError(f"{_DECODE}: q {tuple(q.shape)} {q.dtype} on {q.device} and k "
                               f"{tuple(k.shape)} do not match the prompt's batch {B}, {H} query / {Hkv} kv "
                               f"heads, head_dim {D}, {dtype} on {dev}")
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One token at the next position of the sequence batch the last prefill started."""
-        self.check_step(q, k)
+        self.check_step(q, k, v)
         return self.decode_checked(q, k, v)
 
     def decode_checked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """`decode` for q, k, v (one token, tensors of one dtype and device) that passed
-        `check_step` against the current prompt: `SASAttnKernel`'s session checks them once per
-        signature, and its steps skip the checks' host time (H100: 2-3 us a step each)."""
+        """`decode` for q, k, v that passed `check_step` against the current prompt (the caller
+        vouches for it: a replayed step then skips comparing them with its graph's).
+        `SASAttnKernel`'s session checks each new signature of shapes, dtypes, devices and
+        prompt once, and its later steps skip the checks' host time (H100: 2-3 us a layer)."""
         if self.rt.state is None:
-            raise KernelError("SASAttnKernel.decode: no prompt yet; call kernel.prefill(q, k, v) before decode")
+            raise KernelError(f"{_DECODE}: no prompt yet; call kernel.prefill(q, k, v) before decode")
         if self.cplan.fused is not None:
             return self.rt.decode(q, k, v, prompt_shaped=True)
         return self.rt.decode(q, k, v, accumulate=lambda rt, q_, pos: self._torch_scores(q_, pos), prompt_shaped=True)

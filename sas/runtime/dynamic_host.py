@@ -531,8 +531,9 @@ class Runtime:
                accumulate: Callable[[Runtime, torch.Tensor, int], None] | None = None, *,
                prompt_shaped: bool = False) -> torch.Tensor:
         """One token at position `self.length`: q [B, Hq, 1, D], k, v [B, Hkv, 1, D].
-        `prompt_shaped`: the caller has checked that q, k and v have the prompt's batch, heads,
-        head dim, dtype and device (a replayed step then skips comparing them with the graph's)."""
+        `prompt_shaped`: the caller has checked that q, k and v are one token each, k and v of
+        one shape, all three of one dtype and device, and of the prompt's batch, heads, head dim,
+        dtype and device (a replayed step then skips comparing them with the graph's)."""
         K = self.kernels
         if self.state is None:
             raise RuntimeError("Runtime.decode: no prompt yet; call prefill (or start) first")

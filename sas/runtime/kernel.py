@@ -122,9 +122,9 @@ class _DynamicSession:
     def __init__(self, runtime: DynamicRuntime | SaapDynamicRuntime | SantaDynamicRuntime, plan: Plan):
         self.runtime = runtime
         self.plan = plan
-        #: shapes, dtypes and devices of the last q, k, v that passed the argument checks: a step
-        #: with the same ones skips them (they cost ~7 us of host time a step; the runtime still
-        #: compares them with the prompt's)
+        #: shapes, dtypes and devices of the last q, k, v that passed the argument checks (and,
+        #: for a `DynamicRuntime`, the prompt's shape they were checked against): a step with
+        #: the same ones skips the checks, the session's and the runtime's (host time a step)
         self._checked: tuple | None = None
 
     @property
@@ -158,7 +158,7 @@ class _DynamicSession:
             check_qkv(where, q, k, v)
             check_one_token(where, q, k)
             if fast is not None:
-                runtime.check_step(q, k)
+                runtime.check_step(q, k, v)
             cache = self.k_cache
             if cache is not None and (k.shape[:2] != cache.shape[:2] or k.shape[3] != cache.shape[3]
                                       or q.dtype != cache.dtype or q.device != cache.device):
