@@ -367,7 +367,9 @@ def test_help_texts():
 
 
 def test_module_entry_points():
-    for mod in ("sas.cli.main", "sas.cli"):
+    """`python -m sas` (a new user tried it first: it had no __main__), `-m sas.cli` and
+    `-m sas.cli.main` run the command line."""
+    for mod in ("sas", "sas.cli.main", "sas.cli"):
         p = subprocess.run([sys.executable, "-m", mod, "inspect", str(EXAMPLES / "no_such.py")],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert p.returncode == 2 and p.stderr.startswith("error: pattern file not found"), p.stderr
@@ -540,3 +542,4 @@ def test_inspect_a_fraction_budget():
     report = json.loads(r.output)
     assert report["loaded_per_step"] == 128                           # the minimum: 0.1 * 1024 < 128
     assert report["split"]["budget"] == "fraction(0.1, min=128)"
+

@@ -206,6 +206,12 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
         (lambda: attn.new_cache(-1, 1, 16, torch.float32), ("batch", "positive")),
         (lambda: attn.new_cache(1, 1, 16, "float32"), ("dtype", "'float32'")),
         (lambda: attn.new_cache(1, 1, 16, torch.float32, "gpu7"), ("device", "'gpu7'")),
+        # head dims the kernels are not built for (before: Triton's "arange's range must be a power of 2")
+        (lambda: attn.prefill(*qkv(1, 2, 1, 8, 24, seed=3)), ("head_dim 24", "16, 32, 64, 128")),
+        (lambda: attn.prefill(*qkv(1, 2, 1, 8, 256, seed=3)), ("head_dim 256",)),
+        (lambda: attn.decode(*(one(t) for t in qkv(1, 2, 1, 8, 24, seed=3)), *attn.new_cache(1, 1, 16, torch.float32),
+                             8), ("head_dim 24",)),
+        (lambda: attn.new_cache(1, 1, 24, torch.float32), ("new_cache", "head_dim 24")),
     ]
     for call, words in bad_calls:
         with pytest.raises(ValueError) as e:
@@ -224,6 +230,7 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
                          ("prompt's batch", "(1, 2, 1, 16)", "(2, 2, 1, 16)")),
                         (lambda: attn.decode(q1.double(), k1.double(), v1.double()), ("q", "float64")),
                         (lambda: attn.decode(q1, k1[:, :, :, :8], v1), ("k", "head_dim 8")),
+                        (lambda: attn.decode(*(one(t) for t in qkv(1, 2, 1, 8, 24, seed=3))), ("head_dim 24",)),
                         (lambda: attn.decode(q1.clone().requires_grad_(), k1, v1),
                          ("q requires grad", "no differentiable backend"))]:
         with pytest.raises(ValueError) as e:
@@ -232,3 +239,12 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
     assert attn.held_keys() == held and attn.kernel.runtime.length == 8     # nothing ran
     out = attn.decode(q1, k1, v1)          # the runtime is still usable, at position 8
     assert out.shape == q1.shape and torch.isfinite(out).all() and attn.kernel.runtime.length == 9
+
+
+def test_compiled_package_head_dims_are_the_backends():
+    """The package's head-dim check (standalone.py has no sas to import) names the head dims the
+    Triton backend builds its kernels for."""
+    from sas.codegen.triton_backend import SUPPORTED_HEAD_DIMS
+    from sas.runtime import standalone
+
+    assert standalone.SUPPORTED_HEAD_DIMS == SUPPORTED_HEAD_DIMS

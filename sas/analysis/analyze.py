@@ -174,14 +174,15 @@ def _check_len(max_len: Any) -> int:
 
 
 def _padded_note(name: str, minimal: int, size: int, n: int) -> str:
-    return (f"no closed-form slot scheme fits the minimal cache of {minimal} slots; the smallest closed form "
+    return (f"none of the closed-form slot schemes sas searches fits the minimal cache of {minimal} slots; the "
+            f"smallest closed form "
             f"found ({name}) uses {size} slots (+{size - minimal}, {100.0 * (size - minimal) / minimal:.1f}% more) "
             f"instead of a per-token table of {n} entries (a table is preferred up to max_len {TABLE_LIMIT}, a "
             f"closed form with at most 1/{PAD_FRACTION} or {PAD_SLOTS} more slots beyond)")
 
 
 def _table_note(minimal: int, closed: int | None, n: int) -> str:
-    why = "no closed-form slot scheme fits the minimal cache"
+    why = "none of the closed-form slot schemes sas searches fits the minimal cache"
     if closed is not None and closed > minimal and n > TABLE_LIMIT:
         why = (f"the smallest closed form found needs {closed} slots, more than the {minimal} of the minimal "
                f"cache plus the padding allowed (1/{PAD_FRACTION} or {PAD_SLOTS} slots)")

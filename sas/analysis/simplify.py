@@ -41,6 +41,9 @@ _ORDER = ("token_id", "cache_id")
 MAX_CHECK_POINTS = 1 << 22
 #: points (slots x query rows) `check_equal` evaluates at once
 CHECK_BLOCK_POINTS = 1 << 16
+#: most cache slots the check compares (every slot -1 .. cache_size up to this; beyond it the
+#: first and last quarter and an even sample: time and memory stay bounded at any cache size)
+MAX_CHECK_SLOTS = 1 << 16
 
 _CMP = {ast.Lt: sp.Lt, ast.LtE: sp.Le, ast.Gt: sp.Gt, ast.GtE: sp.Ge, ast.Eq: sp.Eq, ast.NotEq: sp.Ne}
 _REL = {sp.StrictLessThan: ast.Lt, sp.LessThan: ast.LtE, sp.StrictGreaterThan: ast.Gt,
@@ -431,41 +434,60 @@ def _run(fdef: ast.FunctionDef, env: dict[str, np.ndarray]) -> np.ndarray:
     raise ValueError(f"{fdef.name} has no return")
 
 
+def _thin(count: int, limit: int) -> np.ndarray:
+    """Indices into a sequence of `count` items: all of them up to `limit`, else the first and
+    last quarter of `limit` and an even sample of the rest (sorted, no repeats)."""
+    if count <= limit:
+        return np.arange(count, dtype=np.int64)
+    q = max(1, limit // 4)
+    picks = np.concatenate([np.arange(q), np.arange(count - q, count),
+                            np.linspace(0, count - 1, max(2, limit // 2)).astype(np.int64)])
+    return np.unique(picks)
+
+
+def check_slots(cache_size: int) -> np.ndarray:
+    """The cache slots `check_equal` compares: every slot -1 .. cache_size (-1: none, cache_size:
+    one past the cache), or for caches of more than MAX_CHECK_SLOTS slots the first and last
+    quarter of that many and an even sample between."""
+    return _thin(cache_size + 2, MAX_CHECK_SLOTS) - 1
+
+
 def check_rows(max_len: int, cache_size: int, boundary: int, period: int) -> np.ndarray:
     """The query rows `check_equal` compares: -1, the boundary and the first periods past the
     cache's reach, and the last rows before (and one past) max_len; thinned evenly where the
-    grid would exceed MAX_CHECK_POINTS."""
+    grid (with `check_slots`' slots) would exceed MAX_CHECK_POINTS. Nothing as long as the
+    sequence is built: a million-slot cache or a max_len of 2**40 costs what a small one does."""
     head = min(max_len, boundary + 3 * max(period, 1) + cache_size + 2)
     tail = max(0, max_len - cache_size - 2 * max(period, 1))
-    # [-1, head) and [tail, max_len], merged (two sorted ranges: no sort needed)
-    rows = np.concatenate([np.arange(-1, head), np.arange(max(tail, head), max_len + 1)])
-    limit = max(16, MAX_CHECK_POINTS // (cache_size + 2))
-    if len(rows) > limit:
-        pick = np.zeros(len(rows), dtype=bool)
-        pick[:limit // 4] = True
-        pick[-limit // 4:] = True
-        pick[np.linspace(0, len(rows) - 1, limit // 2).astype(np.int64)] = True
-        rows = rows[pick]
-    return rows.astype(np.int64)
+    # [-1, head) and [max(tail, head), max_len], merged (two sorted ranges), by index
+    first = head + 1
+    second_lo = max(tail, head)
+    count = first + (max_len + 1 - second_lo)
+    limit = max(16, MAX_CHECK_POINTS // len(check_slots(cache_size)))
+    idx = _thin(count, limit)
+    return np.where(idx < first, idx - 1, second_lo + (idx - first)).astype(np.int64)
 
 
-def check_equal(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int) -> str | None:
-    """None when every function gives the same values on every slot (-1 .. cache_size) and
-    query row of `rows` (and `cache_id_func` on `rows` as token ids); else what differs.
+def check_equal(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int,
+                slots: np.ndarray | None = None) -> str | None:
+    """None when every function gives the same values on every slot of `slots` (default: every
+    slot -1 .. cache_size) and query row of `rows` (and `cache_id_func` on `rows` as token ids);
+    else what differs (indices into `slots` and `rows`).
 
     The grid is evaluated in blocks of slots of about CHECK_BLOCK_POINTS points: a million-slot
     ring's 16 million points stay in a few MiB (numpy asks the kernel for huge pages on arrays
     of 4 MiB and more, which can cost more than the arithmetic)."""
     rows = np.asarray(rows, dtype=np.int64)
+    slots = np.arange(-1, cache_size + 1, dtype=np.int64) if slots is None else np.asarray(slots, dtype=np.int64)
     diff = _differs("cache_id_func", original, simplified, {"token_id": rows})
     if diff is not None:
         return diff
     block = max(1, CHECK_BLOCK_POINTS // max(len(rows), 1))
-    for start in range(-1, cache_size + 1, block):
-        slots = np.arange(start, min(start + block, cache_size + 1), dtype=np.int64)
-        grid = {"cache_id": slots[:, None], "token_id": rows[None, :]}
+    for start in range(0, len(slots), block):
+        part = slots[start:start + block]
+        grid = {"cache_id": part[:, None], "token_id": rows[None, :]}
         for name in ("slot_key_func", "mask_func"):
-            diff = _differs(name, original, simplified, grid, slot_base=start + 1)
+            diff = _differs(name, original, simplified, grid, slot_base=start)
             if diff is not None:
                 return diff
     return None
@@ -489,20 +511,23 @@ def _differs(name: str, original: ast.Module, simplified: ast.Module, env: dict[
 
 
 def check_python(original: ast.Module, simplified: ast.Module, rows: np.ndarray, cache_size: int,
-                 points: int = 4096) -> str | None:
+                 points: int = 4096, slots: np.ndarray | None = None) -> str | None:
     """The same comparison in Python itself (short-circuit `and` / `or`, exceptions) on the
-    slots of the first and last rows (every slot up to `points` // 4 of them, else the first
-    and last 16 and an even sample) and an even sample of the rest."""
+    slots of the first and last rows (every slot of `slots` up to `points` // 4 of them, else
+    the first and last 16 and an even sample) and an even sample of the rest."""
     fa, fb = _compile(original), _compile(simplified)
-    slots = list(range(-1, cache_size + 1))
+    slots = np.arange(-1, cache_size + 1, dtype=np.int64) if slots is None else np.asarray(slots, dtype=np.int64)
+    n = len(slots)
     ends = [int(r) for r in (*rows[:2], *rows[-2:])]
-    per_row = slots
-    if len(slots) > points // 4:
-        sample = np.linspace(0, len(slots) - 1, points // 4 - 32).astype(np.int64)
-        per_row = sorted(set(slots[:16] + slots[-16:] + [slots[k] for k in sample]))
+    if n > points // 4:
+        per_row = slots[np.unique(np.concatenate([np.arange(16), np.arange(n - 16, n),
+                                                  np.linspace(0, n - 1, points // 4 - 32).astype(np.int64)]))]
+    else:
+        per_row = slots
+    per_row = per_row.tolist()
     pairs = [(s, r) for r in ends for s in per_row]
-    step = max(1, len(rows) * len(slots) // points)
-    pairs += [(slots[k % len(slots)], int(rows[k // len(slots)])) for k in range(0, len(rows) * len(slots), step)]
+    step = max(1, len(rows) * n // points)
+    pairs += [(int(slots[k % n]), int(rows[k // n])) for k in range(0, len(rows) * n, step)]
     try:
         for r in rows.tolist():
             if fa["cache_id_func"](r) != fb["cache_id_func"](r):
@@ -549,17 +574,22 @@ def readable_functions(functions: ast.Module, *, closed_form: bool, max_len: int
                                  "table scheme: printed as synthesized (the tables carry the slot assignment)")
     simple = simplify_module(functions)
     rows = check_rows(max_len, cache_size, boundary, period)
+    slots = check_slots(cache_size)
     try:
-        diff = check_equal(functions, simple, rows, cache_size) or check_python(functions, simple, rows, cache_size)
+        diff = (check_equal(functions, simple, rows, cache_size, slots)
+                or check_python(functions, simple, rows, cache_size, slots=slots))
     except ValueError as e:
         diff = f"not checkable: {e}"
-    points = len(rows) * (cache_size + 2)
+    points = len(rows) * len(slots)
     if diff is not None:
         return ReadableFunctions(functions, ast.unparse(functions), False, points,
                                  f"printed as synthesized: the simplified form did not check out ({diff})")
+    which = (f"all {cache_size} slots" if len(slots) == cache_size + 2 else
+             f"{len(slots) - 2} of the {cache_size} slots (the first and last {MAX_CHECK_SLOTS // 4} and an even "
+             f"sample)")
     return ReadableFunctions(simple, ast.unparse(simple), True, points,
-                             f"simplified with sympy; equal to the synthesized functions on all {cache_size} "
-                             f"slots x {len(rows)} query rows (boundary, first periods, last rows)")
+                             f"simplified with sympy; equal to the synthesized functions on {which} x {len(rows)} "
+                             f"query rows (boundary, first periods, last rows)")
 
 
-__all__ = ["FUNCTIONS", "ReadableFunctions", "check_equal", "check_python", "check_rows", "readable_functions", "simplify_module"]
+__all__ = ["FUNCTIONS", "ReadableFunctions", "check_equal", "check_python", "check_rows", "check_slots", "readable_functions", "simplify_module"]

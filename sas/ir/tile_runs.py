@@ -230,7 +230,8 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
         # about 24 bytes per run until the schedule is assembled
         check_host_bytes(f"the prefill tile schedule of {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles "
                          f"(over {runs} runs of tiles)", 24 * runs,
-                         "use larger tiles (PrefillOptions) or a shorter length")
+                         "use larger tiles (PrefillOptions(block_m=..., block_n=...) from Python: sas compile takes the "
+                         "default tiles) or a shorter length")
 
     while stack:
         s, m0, n0 = stack.pop()
@@ -249,6 +250,7 @@ def tile_runs(pattern: Pattern, q_len: int, k_len: int | None = None, block_m: i
                 raise KernelError(
                     f"tile_runs: {pattern!r} at {q_len} x {k_len} with {bm} x {bn} tiles has more than "
                     f"{MAX_LEAVES} tiles that only tile-by-tile classification settles; use larger tiles "
+                    f"(PrefillOptions(block_m=..., block_n=...) from Python: sas compile takes the default tiles) "
                     f"or a shorter length")
         full = cls == FULL
         if full.any():

@@ -139,12 +139,25 @@ NO_GRAD_DYNAMIC = ("run it under torch.no_grad() or pass detached tensors (a pat
                    "no differentiable backend)")
 
 
+#: the head dims the Triton kernels are built for (sas.codegen.triton_backend.SUPPORTED_HEAD_DIMS)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+
 def check_device(where: str, q: torch.Tensor) -> None:
     """Triton's kernels run on CUDA tensors, or on the CPU under its interpreter (TRITON_INTERPRET=1
-    in the environment before triton is first imported); say so instead of Triton's driver error."""
+    in the environment before triton is first imported); say so instead of Triton's driver error.
+    Their head dim is one of SUPPORTED_HEAD_DIMS (any one: the package was compiled for one, but
+    the kernels specialize on it at their first call)."""
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"{where}: q is on {q.device}; these Triton kernels run on CUDA tensors, or on the CPU "
                          f"with TRITON_INTERPRET=1 set in the environment before triton is imported")
+    check_head_dim(where, q.shape[-1])
+
+
+def check_head_dim(where: str, head_dim: int) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{where}: head_dim {head_dim} is not supported by these Triton kernels; supported: "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
 
 
 def num_sms(device: torch.device) -> int:
@@ -260,6 +273,7 @@ class StaticKernel:
         slots = max(1, int(self._decoder("new_cache").CACHE_SIZE))
         (batch, num_kv_heads, head_dim), device = check_new_cache("new_cache", batch, num_kv_heads, head_dim, dtype,
                                                                   device)
+        check_head_dim("new_cache", head_dim)
         shape = (batch, num_kv_heads, slots, head_dim)
         return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
