@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 import numpy as np
+import sympy
 import pytest
 from analysis_checks import decode_with_functions
 from helpers.examples import TABLE1_NAMES, example_pattern
@@ -148,3 +149,33 @@ def test_check_grid_is_bounded_at_any_cache_size() -> None:
     a = analyze(Causal() * ~Diag(0, 8), n)
     r = a.readable
     assert r.simplified and f"of the {a.cache_size} slots" in r.note, r.note
+
+
+def test_ring_arithmetic_is_collected() -> None:
+    """A ring's key unranking prints as `token_id - (token_id - cache_id) % C`: the count of
+    stored keys (`cnt = token_id + 1`) substituted, the sum collected and the multiple of the
+    modulus dropped (a new user read `cnt - 1 - (cnt - 1 - cache_id + 1024) % 1024`)."""
+    a = analyze(Diag(0, 1024), 16384)
+    r = a.readable
+    assert r.simplified, r.note
+    assert "rho = token_id - (token_id - cache_id) % 1024" in _function_source(r.source, "slot_key_func")
+    assert "cnt" not in r.source and "cnt" in a.source
+    mod = ast.parse("def slot_key_func(cache_id, token_id):\n    c = token_id + 3\n"
+                    "    return (c - 1 - cache_id + 2048) % 1024 + (token_id - 1) % 8 + 2 * c - c\n")
+    out = ast.unparse(simplify.simplify_module(mod))
+    assert "return token_id + (token_id - cache_id + 2) % 1024 + (token_id - 1) % 8 + 3" in out, out
+
+
+def test_bounds_of_one_linear_form_are_merged() -> None:
+    """The comparisons of one integer linear form keep their tightest bounds, and meet in an
+    equality: a chunk prints `token_id // 8192 == key // 8192` (was `token_id // 8192 - key // 8192
+    < 1 and token_id // 8192 >= key // 8192`), and a window's lower bound below causality goes."""
+    chunk = analyze((Rect(size=(8192, 8192)) >> Diag(0, 1)) * Causal(), 1 << 20).readable
+    assert chunk.simplified, chunk.note
+    assert "token_id // 8192 == key // 8192" in _function_source(chunk.source, "mask_func")
+    window = analyze(Diag(-3, 10) * Causal(), 4096).readable
+    assert window.simplified, window.note
+    last = _function_source(window.source, "mask_func").splitlines()[-1].strip()
+    assert last == "return token_id - key < 7 and token_id >= key and (key >= 0)", last
+    f = simplify._merge_bounds(simplify._Translator().boolean(ast.parse("x - y >= 2 and x - y < 2", mode="eval").body))
+    assert f is sympy.false

@@ -10,7 +10,10 @@ conditionals nested under the condition they repeat. `simplify_module` removes i
   orientation (`token_id - key < 1024`, `key <= token_id`);
 - a conditional expression whose test is decided by the tests of the conditionals around it
   (the same comparison, or a contradiction sympy finds) collapses to its branch, and one whose
-  branches are equal to that branch.
+  branches are equal to that branch;
+- a name assigned plain arithmetic once is substituted into the lines after it, and integer
+  arithmetic is collected where it gets shorter (`cnt - 1 - (cnt - 1 - cache_id + 1024) % 1024`
+  with `cnt = token_id + 1` -> `token_id - (token_id - cache_id) % 1024`).
 
 The rewrite never changes a value: `check_equal` evaluates the original and the simplified
 functions (numpy, vectorized) on every slot and on every query row of the boundary, the first
@@ -224,12 +227,74 @@ def _fragile(node: ast.expr) -> bool:
     return False
 
 
+_BOUND_OPS = (sp.StrictLessThan, sp.LessThan, sp.StrictGreaterThan, sp.GreaterThan, sp.Equality)
+
+
+def _merge_bounds(formula: Any) -> Any:
+    """In a conjunction, the comparisons of one integer linear form (`token_id - key >= -3`,
+    `token_id - key < 7`, `token_id - key >= 0`) merged into its tightest bounds (`0 <= ... < 7`),
+    or an equality where they meet (`a // 8 - b // 8 < 1 and a // 8 >= b // 8` -> `a // 8 ==
+    b // 8`); every symbol is an integer, so `x < c` is `x <= c - 1`. Forms with one comparison
+    are left as they are."""
+    if not isinstance(formula, sp.And):
+        return formula
+    groups: dict[Any, list[tuple[int | None, int | None, Any]]] = {}
+    rest = []
+    for a in formula.args:
+        if type(a) not in _BOUND_OPS:
+            rest.append(a)
+            continue
+        d = sp.expand(a.lhs - a.rhs)
+        coeffs = d.as_coefficients_dict()
+        const = coeffs.get(sp.S.One, 0)
+        lin = d - const
+        if lin == 0 or not all(c.is_Integer for c in lin.as_coefficients_dict().values()) \
+                or not all(x.is_integer for x in lin.free_symbols):
+            rest.append(a)
+            continue
+        b, op = -int(const), type(a)                    # lin OP b
+        lead = min(lin.as_coefficients_dict().items(), key=lambda t: _name_rank(str(t[0])))
+        flip = lead[1] < 0                              # the printer's orientation: lead with a + sign
+        if flip:
+            lin, b = -lin, -b
+            op = {sp.StrictLessThan: sp.StrictGreaterThan, sp.LessThan: sp.GreaterThan,
+                  sp.StrictGreaterThan: sp.StrictLessThan, sp.GreaterThan: sp.LessThan,
+                  sp.Equality: sp.Equality}[op]
+        lo = b + 1 if op is sp.StrictGreaterThan else b if op in (sp.GreaterThan, sp.Equality) else None
+        hi = b - 1 if op is sp.StrictLessThan else b if op in (sp.LessThan, sp.Equality) else None
+        groups.setdefault(lin, []).append((lo, hi, a))
+    for lin, items in groups.items():
+        if len(items) == 1:
+            rest.append(items[0][2])
+            continue
+        los = [x[0] for x in items if x[0] is not None]
+        his = [x[1] for x in items if x[1] is not None]
+        lo, hi = (max(los) if los else None), (min(his) if his else None)
+        if lo is not None and hi is not None and lo > hi:
+            return sp.false
+        if lo is not None and lo == hi:
+            rest.append(sp.Eq(lin, lo, evaluate=False))
+        elif len(items) > (lo is not None) + (hi is not None):       # a bound made redundant
+            if lo is not None:
+                rest.append(sp.GreaterThan(lin, lo, evaluate=False))
+            if hi is not None:
+                rest.append(sp.StrictLessThan(lin, hi + 1, evaluate=False))
+        else:
+            rest.extend(x[2] for x in items)
+    return sp.And(*rest)
+
+
+def _name_rank(name: str) -> tuple[int, str]:
+    """`_Translator._rank` of a symbol's name: token_id, cache_id, then the rest by name."""
+    return (_ORDER.index(name), name) if name in _ORDER else (len(_ORDER), name)
+
+
 def _simplify_bool(node: ast.expr) -> ast.expr:
     if _fragile(node):
         return node
     tr = _Translator()
     try:
-        formula = sp.simplify_logic(tr.boolean(node), form="cnf", deep=False, force=False)
+        formula = _merge_bounds(sp.simplify_logic(tr.boolean(node), form="cnf", deep=False, force=False))
         out = tr.to_ast(formula)
     except (ValueError, TypeError, KeyError):
         return node
@@ -341,16 +406,95 @@ def _drop_implied(node: ast.expr, guards: dict[str, set[str]]) -> ast.expr:
     return kept[0] if len(kept) == 1 else ast.BoolOp(ast.And(), kept)
 
 
+def _plain(node: ast.expr) -> bool:
+    """Integer arithmetic of names and constants: +, -, unary -, * by a constant."""
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _plain(node.operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        return _plain(node.left) and _plain(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return (_plain(node.left) and _plain(node.right)
+                and (isinstance(node.left, ast.Constant) or isinstance(node.right, ast.Constant)))
+    return False
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, name: str, value: ast.expr):
+        self.name, self.value = name, value
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return copy.deepcopy(self.value) if node.id == self.name else node
+
+
+def _inline_plain(fdef: ast.FunctionDef) -> None:
+    """Assignments of plain arithmetic (`cnt = token_id + 1`) to a name assigned once are
+    substituted into the statements after them and dropped, so that the arithmetic around
+    them can be normalized (`cnt - 1` -> `token_id`)."""
+    assigned: dict[str, int] = {}
+    for st in fdef.body:
+        if isinstance(st, ast.Assign):
+            for t in st.targets:
+                if isinstance(t, ast.Name):
+                    assigned[t.id] = assigned.get(t.id, 0) + 1
+    body: list[ast.stmt] = []
+    for i, st in enumerate(fdef.body):
+        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                and assigned[st.targets[0].id] == 1 and _plain(st.value)):
+            sub = _Substitute(st.targets[0].id, st.value)
+            fdef.body[i + 1:] = [sub.visit(later) for later in fdef.body[i + 1:]]
+            continue
+        body.append(st)
+    fdef.body[:] = body
+
+
+class _Arith(ast.NodeTransformer):
+    """Integer arithmetic normalized with sympy where it gets shorter: sums collected
+    (`token_id + 1 - 1 - x` -> `token_id - x`), and `(e + c) % C` for a positive constant C
+    written with c reduced modulo C (Python's % of an integer by C > 0 lies in [0, C): the
+    value is the same). Subexpressions sympy does not model (%, //, conditionals, calls) stay
+    atoms, simplified inside."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        node = self.generic_visit(node)
+        if (isinstance(node.op, ast.Mod) and isinstance(node.right, ast.Constant)
+                and isinstance(node.right.value, int) and not isinstance(node.right.value, bool)
+                and node.right.value > 0):
+            tr = _Translator()
+            try:
+                e = sp.expand(tr.num(node.left))
+                const = int(e.as_coefficients_dict().get(sp.S.One, 0))
+                left = tr._linear(e - const + const % node.right.value)
+            except (TypeError, ValueError):
+                return node
+            if len(ast.unparse(left)) < len(ast.unparse(node.left)):
+                return ast.BinOp(left, ast.Mod(), node.right)
+            return node
+        if isinstance(node.op, (ast.Add, ast.Sub)):
+            tr = _Translator()
+            try:
+                out = tr._linear(sp.expand(tr.num(node)))
+            except (TypeError, ValueError):
+                return node
+            if len(ast.unparse(out)) < len(ast.unparse(node)):      # (shorter only: no mere reordering)
+                return out
+        return node
+
+
 def simplify_module(mod: ast.Module) -> ast.Module:
     """The module with every synthesized function's expressions simplified (a new module;
     `mod` is not changed). Module-level statements (tables of the fallback) are kept as they are."""
     out = copy.deepcopy(mod)
     for fdef in out.body:
         if isinstance(fdef, ast.FunctionDef) and fdef.name in FUNCTIONS:
+            _inline_plain(fdef)
             guards: dict[str, set[str]] = {}
             for st in fdef.body:
                 if isinstance(st, (ast.Assign, ast.Return)) and st.value is not None:
-                    st.value = _drop_implied(_Rewriter().visit(st.value), guards)
+                    st.value = _drop_implied(_Rewriter().visit(_Arith().visit(st.value)), guards)
                 if isinstance(st, ast.Assign):
                     for target in st.targets:
                         if isinstance(target, ast.Name):
