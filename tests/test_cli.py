@@ -66,6 +66,51 @@ def test_inspect_json_matches_analysis():
     assert "def mask_func" in rep["source"] and rep["events"] and rep["groups"]
 
 
+def _expand(ints) -> list[int]:
+    return list(range(*ints["range"])) if isinstance(ints, dict) else list(ints)
+
+
+def _attended_from_records(records: list[dict], n: int) -> np.ndarray:
+    """The [n, n] mask the JSON's event records describe (a script's reading of the documented
+    fields: keys by boundary list and residue classes, rows by anchored bounds, `repeat`,
+    `every`)."""
+    mask = np.zeros((n, n), dtype=bool)
+    i = np.arange(n)
+    for ev in records:
+        if ev["kind"] != "active":
+            continue
+        T, P = ev["T"], ev["P"]
+        classes, boundary = set(_expand(ev["classes"])), set(_expand(ev["boundary_keys"]))
+        for j in range(n):
+            if not (j in boundary or (j >= T and (j - T) % P in classes)):
+                continue
+            at = lambda b: j + b["value"] if b["anchor"] == "key" or j < T else j - (j - T) % P + b["value"]  # noqa: E731
+            lo, hi = at(ev["lo"]), at(ev["hi"])
+            rows = (i >= lo) & (((i - lo) % ev["repeat"] < hi - lo) if ev["repeat"] else (i < hi))
+            if ev["every"]:
+                p, w = ev["every"]
+                rows &= (i - lo) % p < w
+            mask[:, j] |= rows
+    return mask
+
+
+@pytest.mark.parametrize("pattern", [
+    (Diag(0, 64) + Rect(cols=(0, 4))) * Causal(), Diag(0, 64, stride=4), (Rect(size=(16, 16)) >> Diag(0, 3)) * Causal(),
+    ((Rect(size=(32, 32)) >> Diag(0, 1)) + ((Rect(size=(32, 32)) * Rect(cols=(28, None))) >> Rect())) * Causal(),
+    (Rect(size=(64, 64)) >> Diag(0, 1)) * Rect(stride=4) * Causal()])
+def test_json_event_records_describe_the_mask(pattern) -> None:
+    """`group_records` / `event_records` carry the groups and cache events as fields (a new user
+    found only prose to parse); the active events, read as documented, are exactly the mask."""
+    n = 256
+    rep = analyze(pattern, n).report()
+    assert [g["text"] for g in rep["group_records"]] == rep["groups"]
+    assert [e["text"] for e in rep["event_records"]] == rep["events"]
+    assert all(isinstance(g["key_start"], int) and g["kind"] in ("boundary", "periodic", "tail")
+               for g in rep["group_records"])
+    assert np.array_equal(_attended_from_records(rep["event_records"], n), pattern.to_mask(n))
+    json.dumps(rep)
+
+
 def test_inspect_sas_text_file():
     path = EXAMPLES / "streaming_llm.sas"
     r = run("inspect", path, "--max-len", "16384", "--json")

@@ -161,6 +161,8 @@ class Analysis:
                           "vertical_period": s.Qv, "vertical_from": s.Dv},
             "groups": [g.describe() for g in self.groups],
             "events": [e.describe() for e in self.events],
+            "group_records": [g.record() for g in self.groups],
+            "event_records": [e.record() for e in self.events],
             "source": self.source,
             "notes": list(self.notes),
         }

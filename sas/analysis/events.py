@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,16 @@ class Bound:
     def text(self) -> str:
         base = "j" if self.anchor == KEY else "j0"
         return base if self.value == 0 else f"{base} {'+' if self.value > 0 else '-'} {abs(self.value)}"
+
+
+def _ints(values: Sequence[int]) -> list[int] | dict[str, list[int]]:
+    """Integers for JSON: an arithmetic run of more than two as {"range": [start, stop, step]}."""
+    if isinstance(values, range):
+        return {"range": [values.start, values.stop, values.step]}
+    v = [int(x) for x in values]
+    if len(v) > 2 and len({b - a for a, b in zip(v, v[1:])}) == 1 and v[1] > v[0]:
+        return {"range": [v[0], v[-1] + 1, v[1] - v[0]]}
+    return v
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,18 @@ class CacheEvent:
             else:
                 parts.append(f"j >= {self.T}, (j - {self.T}) % {self.P} in {list(c)}")
         return " or ".join(parts)
+
+    def record(self) -> dict[str, Any]:
+        """The event as fields (`sas inspect --json`'s `event_records`): the keys j it applies to
+        (explicit boundary keys below T, and the interior residues (j - T) % P), and its rows
+        i as bounds relative to an anchor ("key": j + value; "period": the first key of j's
+        period + value; lo None: the end of the sequence), recurring every `repeat` rows, only
+        `every` = [p, w] rows with (i - lo) % p < w where given."""
+        bound = lambda b: None if b is None else {"anchor": b.anchor, "value": b.value}  # noqa: E731
+        return {"kind": self.kind, "boundary_keys": _ints(self.boundary), "T": self.T, "P": self.P,
+                "classes": _ints(self.classes),
+                "lo": bound(self.lo), "hi": bound(self.hi), "repeat": self.repeat,
+                "every": list(self.every) if self.every else None, "text": self.describe()}
 
     def describe(self) -> str:
         if self.kind == "store":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from shapely.geometry.base import BaseGeometry
@@ -93,6 +94,15 @@ class Group:
     @property
     def n_polygons(self) -> int:
         return len(getattr(self.polygon, "geoms", [self.polygon])) if not self.polygon.is_empty else 0
+
+    def record(self) -> dict[str, Any]:
+        """The group as fields (`sas inspect --json`'s `group_records`): query_bounds are the
+        first and one past the last row attending its first occurrence, within the rows
+        [key_start, row_stop) the analysis draws (a key attended forever is attended past them)."""
+        qb = self.query_bounds
+        return {"index": self.index, "kind": self.kind, "key_start": self.key_start, "key_stop": self.key_stop,
+                "repeats": self.repeats, "cells": self.area, "rows_drawn": [self.key_start, self.row_stop],
+                "query_bounds": list(qb) if qb is not None else None, "text": self.describe()}
 
     def describe(self) -> str:
         rep = f", repeats every {self.repeats} keys" if self.repeats else ""
