@@ -179,3 +179,37 @@ def test_bounds_of_one_linear_form_are_merged() -> None:
     assert last == "return token_id - key < 7 and token_id >= key and (key >= 0)", last
     f = simplify._merge_bounds(simplify._Translator().boolean(ast.parse("x - y >= 2 and x - y < 2", mode="eval").body))
     assert f is sympy.false
+
+
+@pytest.mark.parametrize("body", [
+    "key = cache_id\n    cache_id = 0\n    return key == token_id",
+    "cnt = token_id - 1\n    key = cnt\n    cnt = 5\n    return key >= 0 and cnt > 0",
+    "cnt = token_id + 1\n    cnt += 1\n    return cnt > 2",
+    "return token_id / 2 > 3 and token_id / 2 < 4",
+    "return token_id + 0.5 > 3 and token_id + 0.5 < 4",
+])
+def test_simplified_functions_keep_their_values(body: str) -> None:
+    """The arithmetic pass substitutes only names nothing binds again (a review's repros: a value
+    read from a parameter assigned later, a name reassigned, an augmented assignment), and the
+    bounds merge takes `x < c` for `x <= c - 1` only over integers (`token_id / 2` is not)."""
+    mod = ast.parse(f"def mask_func(cache_id, token_id):\n    {body}\n")
+    fa = simplify._compile(mod)["mask_func"]
+    fb = simplify._compile(simplify.simplify_module(mod))["mask_func"]
+    assert [fa(s, t) for s in range(-2, 4) for t in range(-3, 12)] == \
+           [fb(s, t) for s in range(-2, 4) for t in range(-3, 12)]
+
+
+def test_breakpoints_catch_an_off_by_one_between_samples() -> None:
+    """A cache of more slots than MAX_CHECK_SLOTS is checked on a sample of its slots; the
+    functions' breakpoints (constants +- 1) are added to it, so an off-by-one at a breakpoint in
+    the middle of the cache, between two samples, is still found (a review's repro)."""
+    src = "def mask_func(cache_id, token_id):\n    return cache_id < {c} and token_id >= 0\n" \
+          "def slot_key_func(cache_id, token_id):\n    return cache_id\n" \
+          "def cache_id_func(token_id):\n    return token_id\n"
+    a, b = ast.parse(src.format(c=100000)), ast.parse(src.format(c=100001))
+    rows = np.arange(0, 4)
+    sampled = simplify.check_slots(200000)
+    assert 100000 not in set(sampled.tolist())
+    assert simplify.check_equal(a, b, rows, 200000, sampled) is None        # missed between samples
+    slots = np.union1d(sampled, simplify.breakpoints(a, b))
+    assert simplify.check_equal(a, b, rows, 200000, slots) is not None

@@ -230,11 +230,26 @@ def _fragile(node: ast.expr) -> bool:
 _BOUND_OPS = (sp.StrictLessThan, sp.LessThan, sp.StrictGreaterThan, sp.GreaterThan, sp.Equality)
 
 
-def _merge_bounds(formula: Any) -> Any:
+def _integer_node(node: ast.expr) -> bool:
+    """Whether `node` has an integer value in the synthesized functions: names, int constants,
+    and +, -, *, //, % (and unary -) of those."""
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _integer_node(node.operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
+        return _integer_node(node.left) and _integer_node(node.right)
+    return False
+
+
+def _merge_bounds(formula: Any, integers: set[Any] | None = None) -> Any:
     """In a conjunction, the comparisons of one integer linear form (`token_id - key >= -3`,
     `token_id - key < 7`, `token_id - key >= 0`) merged into its tightest bounds (`0 <= ... < 7`),
     or an equality where they meet (`a // 8 - b // 8 < 1 and a // 8 >= b // 8` -> `a // 8 ==
-    b // 8`); every symbol is an integer, so `x < c` is `x <= c - 1`. Forms with one comparison
+    b // 8`); only forms over `integers` (symbols known to hold integers; None: any symbol
+    sympy takes for an integer), so that `x < c` is `x <= c - 1`. Forms with one comparison
     are left as they are."""
     if not isinstance(formula, sp.And):
         return formula
@@ -249,7 +264,7 @@ def _merge_bounds(formula: Any) -> Any:
         const = coeffs.get(sp.S.One, 0)
         lin = d - const
         if lin == 0 or not all(c.is_Integer for c in lin.as_coefficients_dict().values()) \
-                or not all(x.is_integer for x in lin.free_symbols):
+                or not all(x.is_integer and (integers is None or x in integers) for x in lin.free_symbols):
             rest.append(a)
             continue
         b, op = -int(const), type(a)                    # lin OP b
@@ -294,7 +309,10 @@ def _simplify_bool(node: ast.expr) -> ast.expr:
         return node
     tr = _Translator()
     try:
-        formula = _merge_bounds(sp.simplify_logic(tr.boolean(node), form="cnf", deep=False, force=False))
+        formula = sp.simplify_logic(tr.boolean(node), form="cnf", deep=False, force=False)
+        integers = {sym for sym in formula.free_symbols
+                    if str(sym) not in tr.opaque or _integer_node(tr.opaque[str(sym)])}
+        formula = _merge_bounds(formula, integers)
         out = tr.to_ast(formula)
     except (ValueError, TypeError, KeyError):
         return node
@@ -431,24 +449,29 @@ class _Substitute(ast.NodeTransformer):
 
 
 def _inline_plain(fdef: ast.FunctionDef) -> None:
-    """Assignments of plain arithmetic (`cnt = token_id + 1`) to a name assigned once are
-    substituted into the statements after them and dropped, so that the arithmetic around
-    them can be normalized (`cnt - 1` -> `token_id`)."""
-    assigned: dict[str, int] = {}
+    """Assignments of plain arithmetic (`cnt = token_id + 1`) are substituted into the statements
+    after them and dropped, so that the arithmetic around them can be normalized (`cnt - 1` ->
+    `token_id`): where neither the name assigned nor a name its value reads is bound again at
+    or after it, in a body of assignments to names and returns only (the synthesized functions)."""
     for st in fdef.body:
-        if isinstance(st, ast.Assign):
-            for t in st.targets:
-                if isinstance(t, ast.Name):
-                    assigned[t.id] = assigned.get(t.id, 0) + 1
-    body: list[ast.stmt] = []
-    for i, st in enumerate(fdef.body):
-        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
-                and assigned[st.targets[0].id] == 1 and _plain(st.value)):
-            sub = _Substitute(st.targets[0].id, st.value)
-            fdef.body[i + 1:] = [sub.visit(later) for later in fdef.body[i + 1:]]
-            continue
-        body.append(st)
-    fdef.body[:] = body
+        docstring = isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+        plain_assign = isinstance(st, ast.Assign) and all(isinstance(t, ast.Name) for t in st.targets)
+        if not (docstring or plain_assign or isinstance(st, ast.Return)):
+            return
+    binds = [{t.id for t in st.targets} if isinstance(st, ast.Assign) else set() for st in fdef.body]
+    i = 0
+    while i < len(fdef.body):
+        st = fdef.body[i]
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and _plain(st.value):
+            name = st.targets[0].id
+            reads = {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)}
+            later = set().union(*binds[i + 1:])
+            if name not in later and not (reads & (later | {name})):
+                sub = _Substitute(name, st.value)
+                fdef.body[i + 1:] = [sub.visit(x) for x in fdef.body[i + 1:]]
+                del fdef.body[i], binds[i]
+                continue
+        i += 1
 
 
 class _Arith(ast.NodeTransformer):
@@ -596,6 +619,24 @@ def check_slots(cache_size: int) -> np.ndarray:
     return _thin(cache_size + 2, MAX_CHECK_SLOTS) - 1
 
 
+#: most breakpoints (constants +- 1 and their pairwise sums) added to the rows and slots checked
+MAX_BREAKPOINTS = 256
+
+
+def breakpoints(*mods: ast.Module) -> np.ndarray:
+    """The places a comparison or a conditional can change its value in the functions of `mods`:
+    every integer constant c as c - 1, c, c + 1, and (up to 32 constants) the same around the
+    pairwise sums (a prefix + ring's F + R); thinned evenly past MAX_BREAKPOINTS. Added to the
+    sampled grid, they catch an off-by-one at a breakpoint between its samples."""
+    consts = sorted({n.value for m in mods for f in m.body if isinstance(f, ast.FunctionDef)
+                     for n in ast.walk(f) if isinstance(n, ast.Constant) and type(n.value) is int})
+    base = set(consts)
+    if len(consts) <= 32:
+        base |= {a + b for a in consts for b in consts}
+    points = np.array(sorted({c + d for c in base for d in (-1, 0, 1)}), dtype=np.int64)
+    return points[_thin(len(points), MAX_BREAKPOINTS)]
+
+
 def check_rows(max_len: int, cache_size: int, boundary: int, period: int) -> np.ndarray:
     """The query rows `check_equal` compares: -1, the boundary and the first periods past the
     cache's reach, and the last rows before (and one past) max_len; thinned evenly where the
@@ -717,8 +758,9 @@ def readable_functions(functions: ast.Module, *, closed_form: bool, max_len: int
         return ReadableFunctions(functions, ast.unparse(functions), False, 0,
                                  "table scheme: printed as synthesized (the tables carry the slot assignment)")
     simple = simplify_module(functions)
-    rows = check_rows(max_len, cache_size, boundary, period)
-    slots = check_slots(cache_size)
+    bp = breakpoints(functions, simple)
+    rows = np.union1d(check_rows(max_len, cache_size, boundary, period), bp[(bp >= -1) & (bp <= max_len)])
+    slots = np.union1d(check_slots(cache_size), bp[(bp >= -1) & (bp <= cache_size)])
     try:
         diff = (check_equal(functions, simple, rows, cache_size, slots)
                 or check_python(functions, simple, rows, cache_size, slots=slots))
@@ -729,11 +771,11 @@ def readable_functions(functions: ast.Module, *, closed_form: bool, max_len: int
         return ReadableFunctions(functions, ast.unparse(functions), False, points,
                                  f"printed as synthesized: the simplified form did not check out ({diff})")
     which = (f"all {cache_size} slots" if len(slots) == cache_size + 2 else
-             f"{len(slots) - 2} of the {cache_size} slots (the first and last {MAX_CHECK_SLOTS // 4} and an even "
-             f"sample)")
+             f"{len(slots) - 2} of the {cache_size} slots (the first and last {MAX_CHECK_SLOTS // 4}, an even "
+             f"sample and the functions' breakpoints)")
     return ReadableFunctions(simple, ast.unparse(simple), True, points,
                              f"simplified with sympy; equal to the synthesized functions on {which} x {len(rows)} "
                              f"query rows (boundary, first periods, last rows)")
 
 
-__all__ = ["FUNCTIONS", "ReadableFunctions", "check_equal", "check_python", "check_rows", "check_slots", "readable_functions", "simplify_module"]
+__all__ = ["FUNCTIONS", "ReadableFunctions", "breakpoints", "check_equal", "check_python", "check_rows", "check_slots", "readable_functions", "simplify_module"]
