@@ -588,3 +588,15 @@ def test_inspect_a_fraction_budget():
     assert report["loaded_per_step"] == 128                           # the minimum: 0.1 * 1024 < 128
     assert report["split"]["budget"] == "fraction(0.1, min=128)"
 
+
+
+def test_group_text_says_where_its_rows_are_cut() -> None:
+    """A group attended up to the last row the analysis draws says so (a new user read key 0 of
+    Causal() * ~Diag(0, 8) as attended by rows 8-10 only, where every row from 8 attends it); the
+    tail group, which ends at max_len, does not."""
+    groups = analyze(Causal() * ~Diag(0, 8), 4096).groups
+    first, tail = groups[0], groups[-1]
+    assert "(the rows drawn, [0, 11), end there: its keys may be attended past them)" in first.describe()
+    assert tail.kind == "tail" and "past them" not in tail.describe()
+    mask = (Causal() * ~Diag(0, 8)).to_mask(64)
+    assert mask[8:, 0].all()                           # key 0: every row from 8 on

@@ -114,9 +114,11 @@ class Group:
                      f"{DESCRIBE_RUNS} runs; Group.polygon traces them)")
         except AnalysisError:
             shape = "polygons not drawn (more runs of cells than the runs limit)"
+        qb = self.query_bounds
+        edge = (f" (the rows drawn, [{self.key_start}, {self.row_stop}), end there: its keys may be attended "
+                f"past them)" if qb is not None and qb[1] >= self.row_stop and self.kind != "tail" else "")
         return (f"group {self.index} ({self.kind}): keys [{self.key_start}, {self.key_stop}){rep}; "
-                f"{shape}, {self.area} cells, query bounds "
-                f"{self.query_bounds if self.query_bounds is not None else ()}")
+                f"{shape}, {self.area} cells, query bounds {qb if qb is not None else ()}{edge}")
 
 
 def _translates(cols: ColumnShapes, shapes: np.ndarray) -> np.ndarray:
