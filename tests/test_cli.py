@@ -600,3 +600,19 @@ def test_group_text_says_where_its_rows_are_cut() -> None:
     assert tail.kind == "tail" and "past them" not in tail.describe()
     mask = (Causal() * ~Diag(0, 8)).to_mask(64)
     assert mask[8:, 0].all()                           # key 0: every row from 8 on
+
+
+def test_sas_file_without_pattern_names_the_definition_taken(tmp_path):
+    """A .sas file of several definitions and no `pattern` takes its last one (documented); the
+    command line says which, on stderr (a new user's `w = ...; sink = ...` was analysed as the sink
+    alone, and only the pattern's repr in an error hinted at it). One definition, or a `pattern`,
+    prints no note."""
+    f = tmp_path / "two.sas"
+    f.write_text("w = Diag(0, 8)\nsink = Rect(cols=(0, 4)) * Causal()\n")
+    r = CliRunner().invoke(cli, ["inspect", str(f), "--max-len", "64"])
+    assert r.exit_code == 0, r.output
+    assert "note: " in r.stderr and "defines w, sink and no `pattern`: using `sink`" in r.stderr
+    for text in ("pattern = Diag(0, 8)\nother = Causal()\n", "only = Diag(0, 8)\n"):
+        f.write_text(text)
+        r = CliRunner().invoke(cli, ["inspect", str(f), "--max-len", "64"])
+        assert r.exit_code == 0 and "note:" not in r.stderr, r.stderr

@@ -25,7 +25,7 @@ import numpy as np
 from sas.analysis.analyze import analyze
 from sas.cli.empty_rows import EmptyRows, empty_rows
 from sas.errors import AnalysisError, EmptyPatternError, SASError
-from sas.lang.loader import load_pattern
+from sas.lang.loader import implicit_choice, load_pattern
 from sas.lang.ops import Fraction
 from sas.lang.pattern import Not
 from sas.lang.primitives import Rect
@@ -185,9 +185,13 @@ def load(path: str) -> Any:
         raise CLIError(f"{path} is a folder; give a pattern script (.py) or a .sas file")
     try:
         with _stdout_to_stderr():
-            return load_pattern(p)
+            pattern = load_pattern(p)
+        note = implicit_choice(p)
     except OSError as e:
         raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
+    if note is not None:
+        click.echo(f"note: {note}", err=True)
+    return pattern
 
 
 def _analyze(pattern: Any, max_len: int) -> Any:

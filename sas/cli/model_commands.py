@@ -90,12 +90,16 @@ def load_pattern_arg(spec: str) -> Any:
                                 f"or 'dense')")
     if p.is_dir():
         raise ModelCommandError(f"{spec} is a folder; give a pattern script (.py), a .sas file, or 'dense'")
-    from sas.lang.loader import load_pattern   # the loader parses .sas text (lark); loaded on demand
+    from sas.lang.loader import implicit_choice, load_pattern   # (.sas text: lark, loaded on demand)
 
     try:
-        return load_pattern(p)
+        pattern = load_pattern(p)
+        note = implicit_choice(p)
     except OSError as e:
         raise ModelCommandError(f"cannot read {spec}: {e.strerror or e}") from None
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
+    return pattern
 
 
 def _names(specs: tuple[str, ...]) -> list[str]:

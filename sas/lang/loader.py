@@ -26,9 +26,9 @@ from typing import Callable, Iterator
 
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
-from sas.lang.text import load_sas
+from sas.lang.text import load_sas, parse_sas
 
-__all__ = ["load_pattern", "LOADERS"]
+__all__ = ["implicit_choice", "load_pattern", "LOADERS"]
 
 # The module name a script runs under: not "__main__", so `if __name__ == "__main__":`
 # blocks (demos, benchmarks) do not run when the pattern is loaded.
@@ -154,6 +154,21 @@ def _load_text(path: Path) -> Pattern:
     except UnicodeDecodeError as e:
         raise SASError(f"{path}: a .sas file must be UTF-8 text ({e.reason} at byte {e.start})") from None
     return load_sas(text, str(path))
+
+
+def implicit_choice(path: str | os.PathLike[str]) -> str | None:
+    """For a `.sas` file of several definitions, none named `pattern`: a note naming the one
+    `load_pattern` takes (the last), so that a forgotten `pattern = ...` line is seen; None for
+    any other file."""
+    p = Path(path)
+    if p.suffix.lower() != ".sas":
+        return None
+    defs = parse_sas(p.read_text(encoding="utf-8-sig"), str(p))
+    if "pattern" in defs or len(defs) < 2:
+        return None
+    names = list(defs)
+    return (f"{p} defines {', '.join(names)} and no `pattern`: using `{names[-1]}`, the last definition "
+            f"(name the one to use `pattern = ...`)")
 
 
 #: File extension -> loader.
