@@ -256,3 +256,19 @@ def test_to_mask_accepts_numpy_ints():
 def test_messages_say_what_is_valid(make, pattern):
     err = raises(make)
     assert re.search(pattern, str(err)), str(err)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: Diag(0, 64, strde=4), ["Diag(...)", "'strde'", "offset, size, stride"]),
+    (lambda: Diag(1, 2, 3, 4), ["Diag(...)", "too many positional", "offset, size, stride"]),
+    (lambda: Rect(rows=(0, 1), colz=(0, 2)), ["Rect(...)", "'colz'", "rows, cols, size, stride, offset"]),
+    (lambda: Dynamic(budgt=3), ["Dynamic(...)", "budget, score, refresh"]),
+    (lambda: Causal(1), ["Causal() takes no arguments", "Diag(0, w)"]),
+])
+def test_primitive_arguments_are_named(make, words):
+    """A primitive given an argument it does not take says which ones it takes, as a
+    PatternError (Python's TypeError named only the bad one; `Causal(1)` said 'takes 0
+    positional arguments'), as the .sas parser already does."""
+    with pytest.raises(PatternError) as e:
+        make()
+    assert all(w in str(e.value) for w in words), str(e.value)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,29 @@ def _sub(a: ast.expr, k: int) -> ast.expr:
     return ast.BinOp(a, ast.Sub(), _const(k))
 
 
+def _named_arguments(cls: type) -> type:
+    """`cls.__init__` refusing arguments it does not take with a `PatternError` that lists the
+    ones it does (Python's own TypeError names only the bad one: `Diag(0, 64, strde=4)`)."""
+    init = cls.__init__
+    sig = inspect.signature(init)
+    names = [n for n in sig.parameters if n != "self"]
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError:
+            try:                        # the arguments themselves? (checked only on failure: no cost)
+                sig.bind(self, *args, **kwargs)
+            except TypeError as e:
+                raise PatternError(f"{cls.__name__}(...): {e}; its arguments are {', '.join(names)}") from None
+            raise
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_named_arguments
 @dataclass(frozen=True)
 class Diag(Pattern):
     """Cells with `offset <= i - j < offset + size` and `(i - j - offset) % stride == 0`.
@@ -162,11 +187,18 @@ class Diag(Pattern):
         return f"Diag({', '.join(args)})"
 
 
-def Causal() -> Diag:
-    """The causal mask `j <= i`, i.e. `Diag(offset=0, size=None)`."""
+def Causal(*args: Any, **kwargs: Any) -> Diag:
+    """The causal mask `j <= i`, i.e. `Diag(offset=0, size=None)`; it takes no arguments."""
+    if args or kwargs:
+        raise PatternError("Causal() takes no arguments (it is Diag(0, None)); a causal window of w keys is "
+                           "Diag(0, w)")
     return Diag(0, None)
 
 
+Causal.__signature__ = inspect.Signature(return_annotation="Diag")   # what it takes: nothing (the .sas parser reads it)
+
+
+@_named_arguments
 @dataclass(frozen=True, init=False)
 class Rect(Pattern):
     """An axis-aligned region `rows x cols` (None = unbounded on that side).
@@ -273,6 +305,7 @@ class Rect(Pattern):
         return f"Rect({', '.join(args)})"
 
 
+@_named_arguments
 @dataclass(frozen=True)
 class Dynamic(Pattern):
     """A region whose keys are chosen at run time by an importance score.
