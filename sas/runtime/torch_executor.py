@@ -327,7 +327,12 @@ class TorchExecutor:
             denom = p.sum(dim=-1, keepdim=True)
             o = torch.matmul(p.view(B, Hkv, G * n, -1), vb.to(ct)).view(B, Hkv, G, n, -1)
             out[:, :, :, blk.q0:blk.q1] = torch.where(denom > 0, o / torch.where(denom > 0, denom, 1), 0)
-        return out.view(B, Hq, Lq, -1).to(q.dtype)
+        res = out.view(B, Hq, Lq, -1).to(q.dtype)
+        if torch.is_grad_enabled() and not res.requires_grad and (q.requires_grad or k.requires_grad
+                                                                   or v.requires_grad):
+            # no query attends a key: zeros, still in the graph (zero gradients, as dense attention gives)
+            res = res + (q.sum() + k.sum() + v.sum()).to(res.dtype) * 0
+        return res
 
     # --- checks ----------------------------------------------------------------------------
     @staticmethod
@@ -389,7 +394,11 @@ class TorchExecutor:
     def prefill_plan(self, positions: Any, k_len: int, q_len: int, batch: int, device: Any) -> AttendPlan:
         """The plan `prefill` uses for these positions (reusable across layers)."""
         p = _positions("TorchExecutor.prefill", positions, k_len, batch, torch.device(device), self.max_len)
-        return self.attend_plan(p[:, k_len - q_len:], p, ordered=self.analysis is not None)
+        # a pattern causal within max_len (what the analysis proves) need not be past it: the keys
+        # above the diagonal are skipped only for positions inside max_len (given positions are
+        # checked to be; the default 0..Lk-1 may reach past it, as the Triton backend allows)
+        within = positions is not None or (self.max_len is not None and k_len <= self.max_len)
+        return self.attend_plan(p[:, k_len - q_len:], p, ordered=self.analysis is not None and within)
 
     # --- compact cache ---------------------------------------------------------------------
     def new_cache(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
@@ -472,7 +481,12 @@ class TorchExecutor:
         rows = torch.nonzero(plan.slots >= 0)[:, 0]
         past_k[rows, :, plan.slots[rows]] = k[rows, :, 0].to(past_k.dtype)
         past_v[rows, :, plan.slots[rows]] = v[rows, :, 0].to(past_v.dtype)
-        return self.attend(q, past_k, past_v, plan.attend, scale)
+        kk, vv = past_k, past_v
+        if torch.is_grad_enabled() and (past_k.requires_grad or past_v.requires_grad):
+            # autograd keeps what the products read: a copy, so that the next step's in-place
+            # write to the cache does not change a tensor saved for this step's backward
+            kk, vv = past_k.clone(), past_v.clone()
+        return self.attend(q, kk, vv, plan.attend, scale)
 
     def _slot_plan(self, attended: torch.Tensor) -> AttendPlan:
         """A one-query plan over the cache slots `attended` [B, C]: only the slots some row
