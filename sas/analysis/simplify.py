@@ -230,18 +230,23 @@ def _fragile(node: ast.expr) -> bool:
 _BOUND_OPS = (sp.StrictLessThan, sp.LessThan, sp.StrictGreaterThan, sp.GreaterThan, sp.Equality)
 
 
-def _integer_node(node: ast.expr) -> bool:
+def _integer_node(node: ast.expr, plain: bool = False) -> bool:
     """Whether `node` has an integer value in the synthesized functions: names, int constants,
-    and +, -, *, //, % (and unary -) of those."""
+    and +, -, *, //, % (and unary -) of those; `plain`: +, -, unary - and * by a constant only."""
     if isinstance(node, ast.Name):
         return True
     if isinstance(node, ast.Constant):
         return isinstance(node.value, int) and not isinstance(node.value, bool)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return _integer_node(node.operand)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
-        return _integer_node(node.left) and _integer_node(node.right)
-    return False
+        return _integer_node(node.operand, plain)
+    if not isinstance(node, ast.BinOp):
+        return False
+    both = _integer_node(node.left, plain) and _integer_node(node.right, plain)
+    if isinstance(node.op, (ast.Add, ast.Sub)):
+        return both
+    if isinstance(node.op, ast.Mult):
+        return both and (not plain or isinstance(node.left, ast.Constant) or isinstance(node.right, ast.Constant))
+    return both and not plain and isinstance(node.op, (ast.FloorDiv, ast.Mod))
 
 
 def _merge_bounds(formula: Any, integers: set[Any] | None = None) -> Any:
@@ -426,18 +431,7 @@ def _drop_implied(node: ast.expr, guards: dict[str, set[str]]) -> ast.expr:
 
 def _plain(node: ast.expr) -> bool:
     """Integer arithmetic of names and constants: +, -, unary -, * by a constant."""
-    if isinstance(node, ast.Name):
-        return True
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, int) and not isinstance(node.value, bool)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return _plain(node.operand)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-        return _plain(node.left) and _plain(node.right)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        return (_plain(node.left) and _plain(node.right)
-                and (isinstance(node.left, ast.Constant) or isinstance(node.right, ast.Constant)))
-    return False
+    return _integer_node(node, plain=True)
 
 
 class _Substitute(ast.NodeTransformer):
