@@ -324,3 +324,22 @@ def test_keyless_output_keeps_its_gradient_path():
     assert out.requires_grad and not out.detach().any()
     gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
     assert not (gq.any() or gk.any() or gv.any())
+
+
+def test_cache_made_under_inference_mode_is_refused_outside_it():
+    """A cache made under torch.inference_mode() (the stateful prefill's, or new_cache's) is
+    written in place by the next step: outside inference mode that is a KernelError saying what
+    to do, before any work, not torch's 'Inplace update to inference tensor'; inside it, it runs."""
+    ker = SASAttnKernel(Diag(0, 4), max_len=32, backend="torch")
+    q, k, v = qkv(1, 2, 1, 9, 16, seed=4)
+    with torch.inference_mode():
+        ker.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    one = [t[:, :, 8:9] for t in (q, k, v)]
+    before = ker.k_cache.clone()
+    for mode in (torch.no_grad, torch.enable_grad):
+        with mode(), pytest.raises(KernelError, match="inference_mode"):
+            ker.decode(*one)
+    assert torch.equal(ker.k_cache, before)
+    with torch.inference_mode():
+        out = ker.decode(*one)
+    assert err(out, reference(Diag(0, 4), q, k, v)[:, :, 8:9]) < 1e-5

@@ -376,6 +376,10 @@ class TorchExecutor:
             if tuple(c.shape) != want:
                 raise KernelError(f"{where}: {name} must have shape [batch, kv_heads, cache_size, head_dim] = "
                                   f"{list(want)}, got {list(c.shape)}")
+            if c.is_inference() and not torch.is_inference_mode_enabled():
+                raise KernelError(f"{where}: {name} was made under torch.inference_mode(), and torch writes such "
+                                  f"a tensor in place only inside it; run this step under torch.inference_mode() "
+                                  f"too, or make the cache (or the prompt's prefill) outside it")
 
     # --- prefill ---------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, positions: Any = None,
