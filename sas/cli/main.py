@@ -25,7 +25,7 @@ import numpy as np
 from sas.analysis.analyze import analyze
 from sas.cli.empty_rows import EmptyRows, empty_rows
 from sas.errors import AnalysisError, EmptyPatternError, SASError
-from sas.lang.loader import implicit_choice, load_pattern
+from sas.lang.loader import load_pattern
 from sas.lang.ops import Fraction
 from sas.lang.pattern import Not
 from sas.lang.primitives import Rect
@@ -183,13 +183,13 @@ def load(path: str) -> Any:
         raise CLIError(f"pattern file not found: {path}")
     if p.is_dir():
         raise CLIError(f"{path} is a folder; give a pattern script (.py) or a .sas file")
+    notes: list[str] = []
     try:
         with _stdout_to_stderr():
-            pattern = load_pattern(p)
-        note = implicit_choice(p)
+            pattern = load_pattern(p, notes=notes)
     except OSError as e:
         raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
-    if note is not None:
+    for note in notes:
         click.echo(f"note: {note}", err=True)
     return pattern
 

@@ -90,14 +90,14 @@ def load_pattern_arg(spec: str) -> Any:
                                 f"or 'dense')")
     if p.is_dir():
         raise ModelCommandError(f"{spec} is a folder; give a pattern script (.py), a .sas file, or 'dense'")
-    from sas.lang.loader import implicit_choice, load_pattern   # (.sas text: lark, loaded on demand)
+    from sas.lang.loader import load_pattern   # the loader parses .sas text (lark); loaded on demand
 
+    notes: list[str] = []
     try:
-        pattern = load_pattern(p)
-        note = implicit_choice(p)
+        pattern = load_pattern(p, notes=notes)
     except OSError as e:
         raise ModelCommandError(f"cannot read {spec}: {e.strerror or e}") from None
-    if note is not None:
+    for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return pattern
 

@@ -26,9 +26,9 @@ from typing import Callable, Iterator
 
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
-from sas.lang.text import load_sas, parse_sas
+from sas.lang.text import choose_pattern, parse_sas
 
-__all__ = ["implicit_choice", "load_pattern", "LOADERS"]
+__all__ = ["load_pattern", "LOADERS"]
 
 # The module name a script runs under: not "__main__", so `if __name__ == "__main__":`
 # blocks (demos, benchmarks) do not run when the pattern is loaded.
@@ -101,8 +101,8 @@ def _isolated_imports(folder: Path) -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _load_script(path: Path) -> Pattern:
-    """Run a Python pattern script and return its module-level `pattern`."""
+def _load_script(path: Path, notes: list[str] | None = None) -> Pattern:
+    """Run a Python pattern script and return its module-level `pattern` (no notes)."""
     try:
         with _isolated_imports(path.parent.resolve()):
             namespace = runpy.run_path(str(path), run_name=_RUN_NAME)
@@ -147,36 +147,27 @@ def _script_lineno(e: BaseException, path: Path) -> int | None:
     return lines[-1] if lines else None
 
 
-def _load_text(path: Path) -> Pattern:
-    """Parse a `.sas` file and return its pattern."""
+def _load_text(path: Path, notes: list[str] | None = None) -> Pattern:
+    """Parse a `.sas` file and return its pattern (`choose_pattern`; its note, if any, appended
+    to `notes`)."""
     try:
         text = path.read_text(encoding="utf-8-sig")   # a byte-order mark is not part of the text
     except UnicodeDecodeError as e:
         raise SASError(f"{path}: a .sas file must be UTF-8 text ({e.reason} at byte {e.start})") from None
-    return load_sas(text, str(path))
-
-
-def implicit_choice(path: str | os.PathLike[str]) -> str | None:
-    """For a `.sas` file of several definitions, none named `pattern`: a note naming the one
-    `load_pattern` takes (the last), so that a forgotten `pattern = ...` line is seen; None for
-    any other file."""
-    p = Path(path)
-    if p.suffix.lower() != ".sas":
-        return None
-    defs = parse_sas(p.read_text(encoding="utf-8-sig"), str(p))
-    if "pattern" in defs or len(defs) < 2:
-        return None
-    names = list(defs)
-    return (f"{p} defines {', '.join(names)} and no `pattern`: using `{names[-1]}`, the last definition "
-            f"(name the one to use `pattern = ...`)")
+    pattern, note = choose_pattern(parse_sas(text, str(path)), str(path))
+    if note is not None and notes is not None:
+        notes.append(note)
+    return pattern
 
 
 #: File extension -> loader.
-LOADERS: dict[str, Callable[[Path], Pattern]] = {".py": _load_script, ".sas": _load_text}
+LOADERS: dict[str, Callable[[Path, list[str] | None], Pattern]] = {".py": _load_script, ".sas": _load_text}
 
 
-def load_pattern(path: str | os.PathLike[str]) -> Pattern:
-    """Load the pattern defined by a `.py` script or a `.sas` file.
+def load_pattern(path: str | os.PathLike[str], *, notes: list[str] | None = None) -> Pattern:
+    """Load the pattern defined by a `.py` script or a `.sas` file; `notes`, a list, gets what
+    the caller should tell its user (a `.sas` file of several definitions and no `pattern`
+    names the one taken).
 
     Raises `SASError` when the extension is unknown, the file is missing, the script does
     not define a `pattern`, or the file does not parse; `SASError`s raised by the script
@@ -195,4 +186,4 @@ def load_pattern(path: str | os.PathLike[str]) -> Pattern:
         raise SASError(f"{p}: no such file")
     if not p.is_file():
         raise SASError(f"{p}: not a file")
-    return loader(p)
+    return loader(p, notes)

@@ -31,7 +31,7 @@ from sas.lang.pattern import And, Or, Pattern
 from sas.lang.primitives import Causal, Diag, Dynamic, Rect
 from sas.resources import data_folder
 
-__all__ = ["parse_sas", "load_sas", "GRAMMAR_PATH"]
+__all__ = ["choose_pattern", "parse_sas", "load_sas", "GRAMMAR_PATH"]
 
 #: The grammar file: `grammar/sas.lark` beside the package, or inside it in a wheel install.
 GRAMMAR_PATH = data_folder("grammar") / "sas.lark"
@@ -119,11 +119,22 @@ def parse_sas(text: str, filename: str = "<sas>") -> dict[str, Pattern]:
         raise ParseError(f"{filename}: expression nested too deeply", 1, 1) from None
 
 
+def choose_pattern(defs: dict[str, Pattern], filename: str = "<sas>") -> tuple[Pattern, str | None]:
+    """The pattern of parsed definitions (`parse_sas`): the one named `pattern` if there is one,
+    else the last; with a note naming the one taken where there are several and none is named
+    `pattern` (so that a forgotten `pattern = ...` line is seen), else None."""
+    if "pattern" in defs:
+        return defs["pattern"], None
+    names = list(defs)
+    note = (f"{filename} defines {', '.join(names)} and no `pattern`: using `{names[-1]}`, the last definition "
+            f"(name the one to use `pattern = ...`)" if len(names) > 1 else None)
+    return defs[names[-1]], note
+
+
 def load_sas(text: str, filename: str = "<sas>") -> Pattern:
     """Parse `.sas` text and return its pattern: the definition named `pattern` if there is
     one, else the last definition."""
-    defs = parse_sas(text, filename)
-    return defs["pattern"] if "pattern" in defs else list(defs.values())[-1]
+    return choose_pattern(parse_sas(text, filename), filename)[0]
 
 
 # --- syntax errors ---------------------------------------------------------------------------
