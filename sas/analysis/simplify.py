@@ -132,8 +132,7 @@ class _Translator:
         return out
 
     def _rank(self, s: Any) -> tuple[int, str]:
-        name = str(s)
-        return (_ORDER.index(name), name) if name in _ORDER else (len(_ORDER), name)
+        return _name_rank(str(s))
 
     def _symbol(self, s: Any) -> ast.expr:
         name = str(s)
@@ -305,7 +304,7 @@ def _merge_bounds(formula: Any, integers: set[Any] | None = None) -> Any:
 
 
 def _name_rank(name: str) -> tuple[int, str]:
-    """`_Translator._rank` of a symbol's name: token_id, cache_id, then the rest by name."""
+    """The printing order of a symbol by name: token_id, cache_id, then the rest by name."""
     return (_ORDER.index(name), name) if name in _ORDER else (len(_ORDER), name)
 
 

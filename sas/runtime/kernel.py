@@ -155,24 +155,23 @@ class _DynamicSession:
             sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                    runtime.shape if fast is not None else None)
         if sig is None or sig != self._checked:
-            check_qkv(where, q, k, v)
-            check_one_token(where, q, k)
             if fast is not None:
-                runtime.check_step(q, k, v)
-            cache = self.k_cache
-            if cache is not None and (k.shape[:2] != cache.shape[:2] or k.shape[3] != cache.shape[3]
-                                      or q.dtype != cache.dtype or q.device != cache.device):
-                raise KernelError(f"{where}: q, k, v do not match the prompt's batch, KV heads, head dim, dtype "
-                                  f"or device: k is {list(k.shape)} {q.dtype} on {q.device}, the cache "
-                                  f"{list(cache.shape)} (batch, KV heads, slots, head dim) {cache.dtype} on "
-                                  f"{cache.device}")
+                runtime.check_step(q, k, v)     # check_qkv, one token, the prompt's shapes
+            else:
+                check_qkv(where, q, k, v)
+                check_one_token(where, q, k)
+                cache = self.k_cache
+                if cache is not None and (k.shape[:2] != cache.shape[:2] or k.shape[3] != cache.shape[3]
+                                          or q.dtype != cache.dtype or q.device != cache.device):
+                    raise KernelError(f"{where}: q, k, v do not match the prompt's batch, KV heads, head dim, "
+                                      f"dtype or device: k is {list(k.shape)} {q.dtype} on {q.device}, the cache "
+                                      f"{list(cache.shape)} (batch, KV heads, slots, head dim) {cache.dtype} on "
+                                      f"{cache.device}")
             self._checked = sig
         if runtime.length >= self.plan.max_len:
             raise KernelError(f"{where}: position {runtime.length} is past max_len={self.plan.max_len}; build the "
                               f"kernel with a larger max_len")
-        if fast is not None and sig is not None:
-            return fast(q, k, v)
-        return runtime.decode(q, k, v)
+        return fast(q, k, v) if fast is not None else runtime.decode(q, k, v)
 
     def forward(self, q, k, v, past_k, past_v, position) -> torch.Tensor:
         if past_k is not None or past_v is not None:
