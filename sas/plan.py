@@ -34,6 +34,7 @@ from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, AnalysisLimitError, KernelError, PatternError, SASError
 from sas.ir.periodicity import structure
+from sas.ir.tile_period import tile_period
 from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.lang.pattern import Pattern
 from sas.limits import positive_length
@@ -184,6 +185,14 @@ class Plan:
 
         def make() -> TileSchedule:
             o = self.prefill_config(q_len, k_len, wide_kernel=wide_kernel)
+            if q_len == k_len:
+                # a repeating pattern's square schedule from its first rows and period, as a
+                # compiled package derives it (time and memory follow the runs, not the tiles)
+                period = tile_period(self.prefill_pattern, q_len, o.block_m, o.block_n)
+                if period is not None:
+                    from sas.runtime.tiles import period_runs    # (sas.runtime imports this module)
+
+                    return TileSchedule(o, period_runs(period, q_len))
             return TileSchedule(o, tile_runs(self.prefill_pattern, q_len, k_len, o.block_m, o.block_n,
                                              k_len - q_len))
 

@@ -25,12 +25,12 @@ so an interrupted or failed compile leaves nothing half-written.
 from __future__ import annotations
 
 import ast
-
 import io
 import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.lang.pattern import Pattern
 from sas.limits import positive_length
-from sas.plan import DTYPES, Plan, TileSchedule, dtype_name, make_plan
+from sas.ir.tile_period import tile_period
+from sas.plan import DTYPES, Plan, dtype_name, make_plan
 from sas.runtime import checks, dynamic_host, graph_params, standalone
-from sas.runtime.tiles import schedule_tensors
+from sas.runtime.tiles import schedule_counts, schedule_tensors
 
 BACKENDS = ("triton", "cuda", "nki")
 DEFAULT_MAX_LEN = 16384
@@ -98,18 +99,42 @@ def _torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _prefill_tables(sched: TileSchedule) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SquareSchedule:
+    """The prefill options and the square `max_len x max_len` tile schedule a package stores
+    (`schedule_tensors`: explicit runs, or the first query blocks and a period where the pattern
+    repeats: `sas.ir.tile_period`, so that its size and time follow the pattern, not max_len)."""
+
+    options: PrefillOptions
+    tables: dict[str, Any]
+
+
+def _square_schedule(plan: Plan, wide_kernel: bool = False) -> SquareSchedule:
+    max_len, pattern = plan.max_len, plan.prefill_pattern
+    o = plan.prefill_config(max_len, max_len, wide_kernel=wide_kernel)
+    period = tile_period(pattern, max_len, o.block_m, o.block_n)
+    if period is not None:
+        return SquareSchedule(o, schedule_tensors(period, max_len))
+    return SquareSchedule(o, schedule_tensors(plan.schedule(max_len, max_len, wide_kernel=wide_kernel).runs))
+
+
+def _prefill_tables(sched: SquareSchedule) -> dict[str, Any]:
     o = sched.options
-    return {**schedule_tensors(sched.runs), "num_warps": o.num_warps, "num_stages": o.num_stages}
+    return {**sched.tables, "num_warps": o.num_warps, "num_stages": o.num_stages}
 
 
-def _prefill_report(pattern: Pattern, sched: TileSchedule, plan_bytes: int) -> dict[str, Any]:
-    o, counts = sched.options, sched.runs.counts()
-    return {"pattern": repr(pattern), "block_m": o.block_m, "block_n": o.block_n, "num_warps": o.num_warps,
-            "num_stages": o.num_stages, "tiles": counts,
-            "density": round((counts["full"] + counts["partial"]) / max(1, counts["total"]), 6),
-            "schedule_runs": int(len(sched.runs.full_runs) + len(sched.runs.part_runs)),
-            "plan_file_bytes": plan_bytes}
+def _prefill_report(pattern: Pattern, sched: SquareSchedule, plan_bytes: int) -> dict[str, Any]:
+    o, counts, t = sched.options, schedule_counts(sched.tables), sched.tables
+    out = {"pattern": repr(pattern), "block_m": o.block_m, "block_n": o.block_n, "num_warps": o.num_warps,
+           "num_stages": o.num_stages, "tiles": counts,
+           "density": round((counts["full"] + counts["partial"]) / max(1, counts["total"]), 6),
+           "schedule_runs": int(len(t["full_runs"]) + len(t["part_runs"])),
+           "schedule_rows": int(t["full_ptr"].numel() - 1),
+           "plan_file_bytes": plan_bytes}
+    if "period_m" in t:
+        out["schedule_period"] = {"query_blocks": int(t["period_m"]), "key_blocks": int(t["period_n"]),
+                                  "fixed_key_blocks": int(t["fixed"])}
+    return out
 
 
 def compile_pattern(pattern: Pattern, out_dir: str | os.PathLike, backend: str = "triton", *,
@@ -209,13 +234,13 @@ def _static_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_heads
     if plan.causal and plan.analysis is None:
         raise plan.analysis_error
     pattern, max_len = plan.pattern, plan.max_len
-    sched = plan.schedule(max_len, max_len)
+    sched = _square_schedule(plan)
     tables: dict[str, Any] = {"format": standalone.FORMAT, "kind": "static", "max_len": max_len,
                               "causal": plan.can_decode, "prefill": _prefill_tables(sched)}
     # Where the Gluon kernel runs (Hopper, `gluon_ok`), the runtime takes 128 x 128 tiles also
     # where they pay (`auto_prefill_options(wide_kernel=True)`): the package carries that
     # schedule too and its prefill chooses on the device, as `TritonRuntime.prefill_tiles` does.
-    wide = plan.schedule(max_len, max_len, wide_kernel=True) if plan.prefill_options is None else sched
+    wide = _square_schedule(plan, wide_kernel=True) if plan.prefill_options is None else sched
     if wide.options != sched.options:
         tables["prefill_wide"] = _prefill_tables(wide)
     plan_bytes = _torch_bytes(tables)
@@ -281,7 +306,7 @@ def _dynamic_files(plan: Plan, backend: str, head_dim: int, dtype: str, num_head
             f"ops.external, pooling, top-k and reductions over KV heads run as their torch.fx graph inside "
             f"SASAttnKernel); sas compile writes standalone kernels for attn_score(), one reduction over "
             f"dim 1 (sum, mean, max) and elementwise arithmetic with constants")
-    sched = plan.schedule(max_len, max_len)
+    sched = _square_schedule(plan)
     static = cplan.static_analysis
     tables = {"format": standalone.FORMAT, "kind": "dynamic", "max_len": max_len, "causal": True,
               "static_slots": cplan.static_size, "prefill": _prefill_tables(sched),
@@ -477,7 +502,11 @@ def _usage_lines(r: dict[str, Any]) -> list[str]:
         "```",
         "",
         f"Prefill tiles: `plan.pt` holds the tile schedule for {r['max_len']} x {r['max_len']} as runs of key "
-        f"blocks per query block ({r['prefill']['schedule_runs']} runs, {r['prefill']['plan_file_bytes']} bytes). "
+        f"blocks per query block ({r['prefill']['schedule_runs']} runs, {r['prefill']['plan_file_bytes']} bytes)"
+        + (f", listed for the first {r['prefill']['schedule_rows']} query blocks; each later one is the query block "
+           f"{per['query_blocks']} before it with its key blocks from {per['fixed_key_blocks']} on moved "
+           f"{per['key_blocks']} to the right (the pattern repeats)"
+           if (per := r['prefill'].get('schedule_period')) else "") + ". "
         "A prompt of length L <= max_len (queries = keys) uses its first query blocks with the runs clipped to L "
         "(exact: partial tiles test the mask cell by cell; a full tile of a ragged last key block becomes "
         "partial). Queries that are a suffix of the keys (Lq < Lk) recompute their tiles from the generated mask "

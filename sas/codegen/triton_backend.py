@@ -40,6 +40,7 @@ from sas.resources import data_folder
 
 if TYPE_CHECKING:   # importlib.resources.abc is new in Python 3.11
     from importlib.resources.abc import Traversable
+from sas.ir.tile_period import tile_period
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
@@ -142,9 +143,16 @@ _WINDOW = 16
 
 
 def tiles_per_block(pattern, q_len: int, k_len: int, block_m: int, block_n: int) -> float:
-    """Mean non-empty tiles per query block: exact up to `SAMPLED_BLOCKS` query blocks, else on
+    """Mean non-empty tiles per query block: exact up to `SAMPLED_BLOCKS` query blocks or where
+    the square problem has a period (`sas.ir.tile_period`: counted in closed form), else on
     that many (each window classified alone, so memory and time stay small)."""
     nqb = -(-q_len // block_m)
+    period = tile_period(pattern, q_len, block_m, block_n) if q_len == k_len and nqb > SAMPLED_BLOCKS else None
+    if period is not None:
+        from sas.runtime.tiles import schedule_counts, schedule_tensors   # (sas.runtime imports this module)
+
+        c = schedule_counts(schedule_tensors(period, q_len))
+        return (c["full"] + c["partial"]) / nqb
     if nqb <= SAMPLED_BLOCKS:
         r = tile_runs(pattern, q_len, k_len, block_m, block_n)
         return (r.num_full + r.num_partial) / nqb

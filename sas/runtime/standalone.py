@@ -81,26 +81,89 @@ def _rows_of(ptr: torch.Tensor, runs: torch.Tensor, nrows: int) -> tuple[torch.T
     return rows, runs[:n, 0], runs[:n, 1]
 
 
-def prefix_runs(schedule: dict[str, Any], length: int) -> dict[str, Any]:
-    """The runs of the `length x length` problem (queries = keys) from those of the square
-    max_len problem (module doc): the first query blocks, runs clipped to the key blocks that
-    exist, a ragged last key block's full tiles made partial."""
-    bm, bn = int(schedule["block_m"]), int(schedule["block_n"])
-    if not 0 < length <= int(schedule["length"]):
-        raise ValueError(f"prefix_runs: length must be in 1..{int(schedule['length'])}, got {length}")
-    nqb, nkb = -(-length // bm), -(-length // bn)
-    rf, af, bf = _rows_of(schedule["full_ptr"], schedule["full_runs"], nqb)
-    rp, ap, bp = _rows_of(schedule["part_ptr"], schedule["part_runs"], nqb)
+def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor, lo: int,
+                 hi: int) -> tuple[torch.Tensor, ...]:
+    """(row, start, stop) of the runs of query blocks lo .. hi - 1 (lo at or past the stored
+    rows) of a periodic schedule (`sas.ir.tile_period`): row r of the last stored period with
+    its key blocks below `fixed` kept, its band `[fixed - period_n, fixed)` repeated k - 1 times
+    and the rest moved by k periods, k = (m - r) / period_m; not clipped to a length."""
+    pm, pn, fixed = int(schedule["period_m"]), int(schedule["period_n"]), int(schedule["fixed"])
+    ptr = ptr.to(torch.int64)
+    base = ptr.numel() - 1
+    m = torch.arange(lo, hi, dtype=torch.int64)
+    r = base - pm + (m - base) % pm
+    k = (m - r) // pm
+    count = ptr[r + 1] - ptr[r]
+    total = int(count.sum())
+    row = torch.repeat_interleave(m, count)
+    k = torch.repeat_interleave(k, count)
+    first = torch.repeat_interleave(ptr[r] - (torch.cumsum(count, 0) - count), count)
+    runs = runs.to(torch.int64)[first + torch.arange(total, dtype=torch.int64)]
+    a, b = runs[:, 0], runs[:, 1]
+    band_a, band_b = a.clamp(min=fixed - pn), b.clamp(max=fixed)
+    # the band's copies j = 1 .. k - 1: one run where a run spans the band, else one per copy
+    has = (band_b > band_a) & (k > 1)
+    whole = has & (band_a == fixed - pn) & (band_b == fixed)
+    some = has & ~whole
+    copies = k[some] - 1
+    j = torch.arange(int(copies.sum()), dtype=torch.int64) - torch.repeat_interleave(torch.cumsum(copies, 0) - copies,
+                                                                                      copies) + 1
+    shift = j * pn
+    return (torch.cat([row, row[whole], torch.repeat_interleave(row[some], copies), row]),
+            torch.cat([a, torch.full_like(row[whole], fixed), torch.repeat_interleave(band_a[some], copies) + shift,
+                       band_a + k * pn]),
+            torch.cat([b.clamp(max=fixed), fixed + (k[whole] - 1) * pn,
+                       torch.repeat_interleave(band_b[some], copies) + shift, b + k * pn]))
+
+
+def schedule_rows(schedule: dict[str, Any], full: bool, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+    """(row, start, stop) of the full (or partial) runs of query blocks lo .. hi - 1 of the
+    stored square schedule, before any clipping to a length: the stored rows, then for a
+    periodic schedule (`period_m` set) the rows it derives."""
+    ptr, runs = (schedule["full_ptr"], schedule["full_runs"]) if full else (schedule["part_ptr"], schedule["part_runs"])
+    stored = ptr.numel() - 1
+    rows, a, b = _rows_of(ptr, runs, min(hi, stored))
+    keep = rows >= lo
+    rows, a, b = rows[keep], a[keep], b[keep]
+    if hi > stored:
+        more = _period_rows(schedule, ptr, runs, max(lo, stored), hi)
+        rows, a, b = (torch.cat([x, y]) for x, y in zip((rows, a, b), more))
+    return rows, a, b
+
+
+def clip_runs(full: tuple[torch.Tensor, ...], part: tuple[torch.Tensor, ...], length: int, block_n: int,
+              lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+    """CSR (full_ptr, full_runs, part_ptr, part_runs) of query blocks lo .. hi - 1 of the
+    `length x length` problem from runs (row, start, stop) of the longer schedule: runs clipped to
+    the key blocks that exist, a ragged last key block's full tiles made partial."""
+    nkb = -(-length // block_n)
+    rf, af, bf = full
+    rp, ap, bp = part
     bf, bp = bf.clamp(max=nkb), bp.clamp(max=nkb)
-    if length % bn:
+    if length % block_n:
         cut = bf == nkb
         rp = torch.cat([rp, rf[cut]])
         ap = torch.cat([ap, torch.full_like(rf[cut], nkb - 1)])
         bp = torch.cat([bp, torch.full_like(rf[cut], nkb)])
         bf = torch.where(cut, nkb - 1, bf)
-    fp, fr = _normalize(rf, af, bf, nqb)
-    pp, pr = _normalize(rp, ap, bp, nqb)
-    return dict(schedule, length=length, full_ptr=fp, full_runs=fr, part_ptr=pp, part_runs=pr)
+    fp, fr = _normalize(rf - lo, af, bf, hi - lo)
+    pp, pr = _normalize(rp - lo, ap, bp, hi - lo)
+    return fp, fr, pp, pr
+
+
+def prefix_runs(schedule: dict[str, Any], length: int) -> dict[str, Any]:
+    """The runs of the `length x length` problem (queries = keys) from those of the square
+    max_len problem (module doc): the first query blocks (derived from the period where the
+    schedule is periodic), runs clipped to the key blocks that exist, a ragged last key block's
+    full tiles made partial."""
+    bm, bn = int(schedule["block_m"]), int(schedule["block_n"])
+    if not 0 < length <= int(schedule["length"]):
+        raise ValueError(f"prefix_runs: length must be in 1..{int(schedule['length'])}, got {length}")
+    nqb = -(-length // bm)
+    fp, fr, pp, pr = clip_runs(schedule_rows(schedule, True, 0, nqb), schedule_rows(schedule, False, 0, nqb),
+                               length, bn, 0, nqb)
+    return {k: v for k, v in schedule.items() if k not in ("period_m", "period_n", "fixed")} | dict(
+        length=length, full_ptr=fp, full_runs=fr, part_ptr=pp, part_runs=pr)
 
 
 def expand_runs(ptr: torch.Tensor, runs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
