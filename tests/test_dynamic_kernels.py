@@ -619,6 +619,41 @@ def test_device_position_step_equals_the_scalar_step(monkeypatch, split_score, h
         assert rt.static_keys.tolist() == expect
 
 
+@pytest.mark.parametrize("heads", [2, 4], ids=["mha", "gqa"])
+def test_device_step_advances_the_position_in_its_update_kernel(heads):
+    """The replayed step's update kernel advances `state.pos` itself (a ticket per program, the
+    last one stores pos + 1): over several steps of two batch entries and two KV heads (four
+    programs, run one after another by the interpreter, so a program storing the position
+    before the others have read it would show), the position advances by exactly one a step,
+    the ticket counter is back at 0 after each, and the outputs and the whole state (cache,
+    accumulated scores, the pool's flags and keys, the staging) equal the scalar path's step
+    for step, which leaves `state.pos` and the counter alone."""
+    pattern = (Rect(cols=(0, 2)) + Diag(0, 4)) * Causal() + Causal() * ~(Rect(cols=(0, 2)) + Diag(0, 4)) * Dynamic(
+        budget=3)
+    q, k, v = (t.to(torch.float32).to(DEV) for t in qkv(2, heads, 2, 17, 16, seed=5))
+    P = 9
+    eager, device = SASAttnKernel(pattern, max_len=64), SASAttnKernel(pattern, max_len=64)
+    for ker in (eager, device):
+        ker.prefill(q[:, :, :P], k[:, :, :P], v[:, :, :P])
+        ker.dynamic.rt.graphs = False
+    se, sd = eager.dynamic.rt.state, device.dynamic.rt.state
+    names = ("k", "v", "acc", "flags", "keys", "new_pool", "enter_dst")
+    rt = device.dynamic.rt
+    rt.state.pos.fill_(P)
+    for i in range(P, q.shape[2]):
+        x = [t[:, :, i:i + 1] for t in (q, k, v)]
+        want = eager.decode(*x)
+        got = torch.empty_like(want)
+        rt._device_step(*x, got)
+        rt.length = i + 1
+        assert int(sd.pos) == i + 1 and int(sd.pos_ticket) == 0
+        assert int(se.pos) == 0 and int(se.pos_ticket) == 0
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for name in names:
+            torch.testing.assert_close(getattr(sd, name), getattr(se, name), rtol=0, atol=0, msg=name)
+    assert device.dynamic.held_keys() == eager.dynamic.held_keys()
+
+
 @pytest.mark.parametrize("split_score", [False, True], ids=["update-kernel-scores", "score-kernel-scores"])
 def test_static_block_flags_skip_unattended_blocks_exactly(monkeypatch, split_score):
     """Where a decode row attends under half of the static segment (a window of 4 and a
