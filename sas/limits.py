@@ -2,11 +2,12 @@
 length, and the threads its analysis may use.
 
 Most of what a plan holds grows with the KV-cache size, not with `max_len` (docs/architecture.md,
-"Sizes"). A few tables are per token or per tile and cannot be avoided: the region schedule of a
-dynamic pattern (`enter_at`, `region_last`, ... over `max_len` positions), the per-token slot
-table of a pattern without a closed-form slot scheme (about 48 bytes per token: `analyze`
-refuses it past the limit, never for length alone), and the prefill tile schedule that
-`sas compile` writes for `max_len`. Each is estimated first and refused with a `KernelError`
+"Sizes"). A few tables are per token or per tile where the pattern does not repeat: the region
+schedule of a dynamic pattern with refresh=True or a region without a periodic description
+(`enter_at`, `region_last`, ... over `max_len` positions), the per-token slot table of a
+pattern without a closed-form slot scheme (about 48 bytes per token: `analyze` refuses it past
+the limit, never for length alone), and the prefill tile schedule that `sas compile` writes for
+`max_len` for a pattern without a tile period (`sas.ir.tile_period`). Each is estimated first and refused with a `KernelError`
 giving the numbers when it would exceed `host_table_limit()` bytes: 1 GiB unless the
 environment variable `SAS_HOST_TABLE_LIMIT` (bytes; K, M, G suffixes) says otherwise.
 

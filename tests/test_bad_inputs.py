@@ -36,6 +36,7 @@ from sas.lang.text import load_sas
 from analysis_checks import brute_cache_size, decode_with_functions
 
 H2O = Diag(0, 4) * Causal() + Diag(4, None) * Causal() * Dynamic(budget=10**9)
+H2O_REFRESH = Diag(0, 4) * Causal() + Diag(4, None) * Causal() * Dynamic(budget=10**9, refresh=True)
 
 
 # --- an independent evaluation in Python integers -------------------------------------------
@@ -123,8 +124,8 @@ BAD: list[tuple[str, Callable[[], Any], type[SASError], tuple[str, ...]]] = [
     ("plan_dynamic max_len=0", lambda: plan_dynamic(H2O, max_len=0), PatternError, ("max_len", "positive")),
     ("plan_dynamic max_len=True", lambda: plan_dynamic(H2O, max_len=True), PatternError, ("max_len", "True")),
     ("plan_dynamic max_len=1.5", lambda: plan_dynamic(H2O, max_len=1.5), PatternError, ("max_len", "1.5")),
-    ("dynamic_cache_plan max_len=2**30", lambda: dynamic_cache_plan(H2O, 2**30), PatternError,
-     ("max_len=1073741824", "16777216")),
+    ("dynamic_cache_plan refresh max_len=2**30", lambda: dynamic_cache_plan(H2O_REFRESH, 2**30), PatternError,
+     ("max_len=1073741824", "16777216", "refresh=True")),
     ("dynamic_cache_plan max_len=-3", lambda: dynamic_cache_plan(H2O, -3), PatternError, ("max_len", "positive")),
     # analysis results
     ("cache_ids(-1)", lambda: _analysis().cache_ids(-1), AnalysisError, ("cache_ids", ">= 0")),

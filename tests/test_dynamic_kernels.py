@@ -402,7 +402,7 @@ def test_held_and_attended_keys_before_a_prompt_are_refused():
         with pytest.raises(KernelError, match="no prompt yet; call kernel.prefill"):
             read()
     q, k, v = qkv(1, 2, 1, 8, 16, seed=0)
-    ker.prefill(q.float(), k.float(), v.float())
+    ker.prefill(q.float().to(DEV), k.float().to(DEV), v.float().to(DEV))     # (qkv makes CPU tensors)
     assert len(ker.dynamic.held_keys()) == 1
     ker.reset()
     with pytest.raises(KernelError, match="no prompt yet"):

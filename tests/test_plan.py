@@ -247,11 +247,14 @@ def test_compile_streaming_at_1m_tokens(tmp_path):
 def test_host_tables_over_the_limit_are_refused_first(monkeypatch):
     monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "1M")
     assert host_table_limit() == 1 << 20
-    h2o = Diag(0, 64) + Diag(64, None) * Dynamic(budget=8)
+    # refresh=True counts its candidates per token: its region schedule spans max_len
+    h2o = Diag(0, 64) + Diag(64, None) * Dynamic(budget=8, refresh=True)
     with pytest.raises(KernelError, match=r"region schedule .* max_len=65536 .*SAS_HOST_TABLE_LIMIT"):
         dynamic_cache_plan(h2o, 1 << 16)
     with pytest.raises(KernelError, match="MiB"):
         SASAttnKernel(h2o, max_len=1 << 16)
+    # without refresh the schedule lists the region's first 65 keys and its period
+    assert dynamic_cache_plan(Diag(0, 64) + Diag(64, None) * Dynamic(budget=8), 1 << 16).table_rows == 65
     monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "lots")
     with pytest.raises(KernelError, match="SAS_HOST_TABLE_LIMIT"):
         host_table_limit()

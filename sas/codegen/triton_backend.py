@@ -44,7 +44,7 @@ from sas.ir.tile_period import tile_period
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "4"
+TEMPLATE_VERSION = "5"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -580,6 +580,8 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         score_repr=_one_line(repr(plan.dynamic.score)),
         max_len=cplan.max_len,
         max_entering=cplan.max_entering,
+        table_rows=cplan.table_rows,
+        table_period=cplan.table_period,
         reduce=fused.reduce if fused else None,
         reduce_literal=repr(fused.reduce if fused else None),
         epilogue_expr=fused.triton_expr("x") if fused else "x",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from math import lcm
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.plan import FOREVER, SCHEDULE_LIMIT, DynamicPlan, plan_dynamic
 from sas.dynamic.trace import ScoreGraph
 from sas.errors import AnalysisError, EmptyPatternError, NotYetSupportedError, PatternError
+from sas.ir.periodicity import structure
 from sas.lang.ops import Fraction
 from sas.lang.pattern import MAX_INDEX, Pattern
 from sas.limits import check_host_bytes
@@ -107,11 +109,16 @@ class DynamicCachePlan:
     static_analysis: Any | None        # sas Analysis of plan.static; None when it is empty
     pool_size: int                     # pool slots per (batch, KV head)
     max_entering: int                  # most keys entering at one decode step
-    enter_at: np.ndarray = field(repr=False)      # [max_len] int64: first region query (-1: never)
-    region_last: np.ndarray = field(repr=False)   # [max_len] int64: last region query, clipped to max_len
-    enter_ptr: np.ndarray = field(repr=False)     # [max_len + 2] int32 CSR over queries
+    enter_at: np.ndarray = field(repr=False)      # [rows] int64: first region query (-1: never)
+    region_last: np.ndarray = field(repr=False)   # [rows] int64: last region query, clipped to max_len
+    enter_ptr: np.ndarray = field(repr=False)     # [rows + 2] int32 CSR over queries
     enter_keys: np.ndarray = field(repr=False)    # keys ordered by enter_at
     fused: FusedScore | None = None
+    #: 0: the tables above span max_len; else they list the first `table_rows` keys (queries)
+    #: and key j >= table_rows is key j - table_period moved by the period (its first and last
+    #: region query), as are the keys entering at a query past them (`DynamicPlan.table_rows`;
+    #: `sas.runtime.dynamic_host.table_row` reads them so, as the kernels do)
+    table_period: int = 0
 
     @property
     def static_size(self) -> int:
@@ -121,6 +128,10 @@ class DynamicCachePlan:
     def cache_size(self) -> int:
         """Slots per (batch, KV head): static segment plus pool."""
         return self.static_size + self.pool_size
+
+    @property
+    def table_rows(self) -> int:
+        return len(self.enter_at)
 
     def table_arrays(self) -> dict[str, np.ndarray]:
         """The region schedule the generated `Runtime` reads, as int32 arrays: `enter_at`,
@@ -133,7 +144,8 @@ class DynamicCachePlan:
     def report(self) -> dict[str, Any]:
         return {"static_slots": self.static_size, "pool_slots": self.pool_size, "budget": self.plan.budget,
                 "refresh": self.plan.refresh, "max_entering_per_step": self.max_entering,
-                "score_path": "fused kernel" if self.fused else "torch (general chain)"}
+                "score_path": "fused kernel" if self.fused else "torch (general chain)",
+                "region_table_rows": self.table_rows, "region_table_period": self.table_period}
 
 
 def _check_kascade(pattern: Any) -> None:
@@ -149,41 +161,66 @@ def _check_kascade(pattern: Any) -> None:
                 f"cache layout of SASAttnKernel")
 
 
+def _handoff_keys(plan: DynamicPlan, static: Any, n: int) -> int:
+    """Keys below which the handoff condition decides every key below n: where the region has
+    a periodic description and the static part a periodic structure, both a key's first region
+    query and its last static use move with a key moved by lcm of the periods past the later
+    boundary, so one period past it decides (no per-token pass over n)."""
+    c = plan.columns
+    st = structure(plan.static) if static is not None else None
+    if c is None or (st is not None and not st.periodic):
+        return n
+    period, boundary = (lcm(c.P, st.P), max(c.T, st.T)) if st is not None else (c.P, c.T)
+    return min(n, boundary + period)
+
+
 def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicCachePlan:
-    """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`."""
+    """Lay out the run-time cache of a dynamic pattern for positions `0 .. max_len-1`.
+
+    The region schedule spans max_len only where it must: a region with a periodic description
+    (`DynamicPlan.table_rows`) and no refresh lists its first `rows` keys and queries, and the
+    kernels and the runtime derive the rest (`table_period`), so that its size and time follow
+    the pattern, not max_len."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 < max_len <= MAX_INDEX:
         raise PatternError(f"max_len must be a positive integer at most 2**61, got {max_len!r}")
-    if max_len > SCHEDULE_LIMIT:
-        raise PatternError(f"max_len={max_len} is too long for the dynamic runtime: its per-token region "
-                           f"schedule is limited to max_len <= {SCHEDULE_LIMIT} ({SCHEDULE_LIMIT * 8 // 2**20} MiB "
-                           f"per table)")
-    check_host_bytes(f"the region schedule of a dynamic pattern at max_len={max_len} (per-token tables)",
-                     SCHEDULE_BYTES_PER_TOKEN * max_len, "use a smaller max_len")
     _check_kascade(pattern)
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
+    n = max_len
+    rows = None if plan.refresh else plan.table_rows()
+    if rows is not None and rows[0] < n:
+        size, period = rows
+    else:
+        size, period = n, 0
+        why = ("refresh=True keeps every candidate, counted per token" if plan.refresh else
+               "its region has no periodic description")
+        if n > SCHEDULE_LIMIT:
+            raise PatternError(f"max_len={n} is too long for the dynamic runtime here: {why}, so its region "
+                               f"schedule is per token, which is limited to max_len <= {SCHEDULE_LIMIT} "
+                               f"({SCHEDULE_LIMIT * 8 // 2**20} MiB per table)")
+        check_host_bytes(f"the region schedule of a dynamic pattern at max_len={n} (per-token tables: {why})",
+                         SCHEDULE_BYTES_PER_TOKEN * n, "use a smaller max_len")
     try:
         static = analyze(plan.static, max_len=max_len)
     except EmptyPatternError:
         static = None
-    n = max_len
-    first, last = plan.candidate_span(n)
-    j = np.arange(n, dtype=np.int64)
+    if static is not None and static.tables:
+        raise NotYetSupportedError(
+            f"the static part {plan.static!r} needs table-driven cache functions at max_len={n}; the "
+            f"dynamic runtime needs closed forms (choose max_len as a multiple of the pattern's period)")
+    # the handoff: the static part keeps each key until the region takes it over
+    m = _handoff_keys(plan, static, n)
+    j = np.arange(m, dtype=np.int64)
+    first, _ = plan.candidate_span(n, j)
     if static is not None:
         try:
             s_last = np.asarray(static.last_use(j), dtype=np.int64)
         except AnalysisError:
-            m = plan.static.to_mask(n)
-            s_last = np.where(m.any(axis=0), np.where(m, np.arange(n)[:, None], -1).max(axis=0), -1)
-        if static.tables:
-            raise NotYetSupportedError(
-                f"the static part {plan.static!r} needs table-driven cache functions at max_len={n}; the "
-                f"dynamic runtime needs closed forms (choose max_len as a multiple of the pattern's period)")
+            mask = plan.static.to_mask(n)
+            s_last = np.where(mask.any(axis=0), np.where(mask, np.arange(n)[:, None], -1).max(axis=0), -1)[:m]
     else:
-        s_last = np.full(n, -1, dtype=np.int64)
-    cand = first >= 0
-    ok = (first == j) | (s_last >= first - 1)
-    bad = np.flatnonzero(cand & ~ok)
+        s_last = np.full(m, -1, dtype=np.int64)
+    bad = np.flatnonzero((first >= 0) & (first != j) & (s_last < first - 1))
     if bad.size:
         k = int(bad[0])
         raise NotYetSupportedError(
@@ -192,23 +229,27 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
             f"the runtime copies a key from the static cache to the dynamic pool when it becomes a candidate, "
             f"so the region must start before the static part lets the key go (e.g. Diag(0, W) + Diag(W, None) * Dynamic(...), or "
             f"static + (Causal() * ~static) * Dynamic(...))")
-    keys = np.flatnonzero(cand)
+    # the first `size` keys' spans and the keys entering at the first `size` queries (a key
+    # enters at its own query or later, so those are keys below `size`)
+    first, last = plan.candidate_span(n, np.arange(size, dtype=np.int64))
+    keys = np.flatnonzero((first >= 0) & (first < size))
     order = np.argsort(first[keys], kind="stable")
     enter_keys = keys[order].astype(np.int32)
-    counts = np.bincount(first[keys], minlength=n + 1)[: n + 1]
-    enter_ptr = np.zeros(n + 2, dtype=np.int32)
+    counts = np.bincount(first[keys], minlength=size + 1)[: size + 1]
+    enter_ptr = np.zeros(size + 2, dtype=np.int32)
     enter_ptr[1:] = np.cumsum(counts)
     max_entering = int(counts[1:n].max()) if n > 1 else 0
     if plan.refresh:
+        cand = first >= 0
         delta = np.zeros(n + 2, dtype=np.int64)
-        np.add.at(delta, first[keys], 1)
-        np.add.at(delta, np.minimum(last[keys], n) + 1, -1)
+        np.add.at(delta, first[cand], 1)
+        np.add.at(delta, np.minimum(last[cand], n) + 1, -1)
         pool = int(np.cumsum(delta)[:n].max())
     else:
         pool = plan.budget + max(1, max_entering)
     pool = max(1, pool)
     return DynamicCachePlan(plan, n, static, pool, max(1, max_entering), first, last, enter_ptr, enter_keys,
-                            fused_score(plan.score))
+                            fused_score(plan.score), period)
 
 
 __all__ = ["DynamicCachePlan", "FusedScore", "dynamic_cache_plan", "fused_score", "FOREVER"]

@@ -103,10 +103,11 @@ class DynamicPlan:
         """The budget in effect: the Dynamic's, clamped to what the region can hold (budget_cap)."""
         return self.dynamic.budget if self.budget_cap is None else min(self.dynamic.budget, self.budget_cap)
 
-    def candidate_span(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per key j < n: the first query whose region row holds it and the last one (clipped to
-        n); both -1 for a key that is never a candidate before n."""
-        j = np.arange(n, dtype=np.int64)
+    def candidate_span(self, n: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per key j < n (`keys`, default all of them): the first query whose region row holds it
+        and the last one (clipped to n); both -1 for a key that is never a candidate before n.
+        Given keys of a region with a periodic description cost nothing per other key."""
+        j = np.arange(n, dtype=np.int64) if keys is None else np.asarray(keys, dtype=np.int64)
         if self.columns is not None:
             c = self.columns
             s = c.shape_of(j)
@@ -116,11 +117,44 @@ class DynamicPlan:
             m = self.region.to_mask(n)
             rows = np.arange(n)[:, None]
             used = m.any(axis=0)
-            first = np.where(used, np.where(m, rows, n).min(axis=0), NEVER)
+            first = np.where(used, np.where(m, rows, n).min(axis=0), NEVER)[j]
         last = self.region_last_use(j)
         first = np.where(first >= n, NEVER, first)
         last = np.where(first < 0, NEVER, np.minimum(last, n))
         return first, last
+
+    def table_rows(self) -> tuple[int, int] | None:
+        """(rows, period) of the region schedule in periodic form: key j >= rows has key
+        j - period's first and last region query moved by the period, and the keys entering at a
+        query q >= rows are those entering at q - period moved by it (every such key past the
+        columns' boundary T: rows = T + P + the latest first use). None without a periodic
+        description."""
+        c = self.columns
+        if c is None:
+            return None
+        used = c.ever_used
+        latest = int(c.first_used[used].max()) if used.any() else 0
+        return c.T + c.P + latest, c.P
+
+    def _window_most(self, n: int) -> tuple[int, bool] | None:
+        """(count, exact): the most candidates at once among the queries of a window of keys that
+        holds the steady state, exact for length n where no key stays a candidate forever (the
+        count then repeats with the period past the window), else a lower bound (keys kept
+        forever only add up). None without a periodic description or where the window reaches n."""
+        c, rows = self.columns, self.table_rows()
+        if c is None:
+            return None
+        # a key alive at query q (or entering at q + 1) lies in [q - lmax, q + 1]: past
+        # T + lmax every such key is past the boundary, and the count repeats every P queries
+        lmax = int(c.last_finite[c.ever_used].max(initial=0))
+        window = rows[0] + lmax + 2 * rows[1] + 2
+        if window >= n:
+            return None
+        first, last = self.candidate_span(n, np.arange(window, dtype=np.int64))
+        upto = window - 2                    # queries 0 .. upto see keys of the window only
+        first = np.where(first - 1 <= upto, first, NEVER)
+        most = most_candidates(first, np.where(first < 0, NEVER, last), upto)
+        return most, not (c.forever & c.ever_used).any()
 
     def for_length(self, n: int) -> "DynamicPlan":
         """This plan with its budget clamped to what the region can hold within length n."""
@@ -128,12 +162,17 @@ class DynamicPlan:
             raise PatternError(
                 f"this plan of {self.pattern!r} was made for max_len={self.max_len} and its parameters "
                 f"larger than that were clamped; make a new plan for max_len={n}")
-        if n > SCHEDULE_LIMIT:     # no per-token schedule this long: no more than n keys exist
+        budget = self.dynamic.budget
+        window = self._window_most(n)
+        if window is not None and (window[1] or (isinstance(budget, int) and budget <= window[0])):
+            most = window[0]            # exact, or a lower bound the budget does not pass (no cap either way)
+        elif n > SCHEDULE_LIMIT:        # no per-token schedule this long: no more than n keys exist
             most = n
         else:
             first, last = self.candidate_span(n)
-            most = max(1, most_candidates(first, last, n))
-        cap = most if isinstance(self.dynamic.budget, int) and self.dynamic.budget > most else None
+            most = most_candidates(first, last, n)
+        most = max(1, most)
+        cap = most if isinstance(budget, int) and budget > most else None
         return self if cap == self.budget_cap else replace(self, budget_cap=cap)
 
     @property

@@ -272,7 +272,8 @@ def update(kernels: ModuleType, state: State, pos: int, region_last: torch.Tenso
         SCORE=bool(score) and not split, EVICT=bool(evict), MAX_LEN=kernels.MAX_LEN, BUDGET=kernels.BUDGET,
         MAX_IN=kernels.MAX_ENTERING, CHUNK=min(16, next_power_of_2(kernels.MAX_ENTERING)),
         POS_PTR=bool(pos_on_device), MERGE=merge and not split, SKIP_FLAGS=state.skip_flags,
-        FLAG_N=kernels.FLAG_N, ADVANCE=bool(advance), num_warps=UPDATE_WARPS,
+        FLAG_N=kernels.FLAG_N, ADVANCE=bool(advance), TABLE_ROWS=kernels.TABLE_ROWS,
+        TABLE_PERIOD=kernels.TABLE_PERIOD, num_warps=UPDATE_WARPS,
     )
 
 
@@ -407,14 +408,27 @@ def top_mask(score: torch.Tensor, mask: torch.Tensor, b: int, key: torch.Tensor)
     return chosen & mask
 
 
+def table_row(x: Any, rows: int, period: int) -> tuple[Any, Any]:
+    """(row, shift) of index x (a key or a query: an int or an integer tensor) in region tables
+    of `rows` rows whose last `period` rows repeat past them, moved by the period (period 0: the
+    tables span MAX_LEN): key x has the first and last region query of key `row` plus `shift`,
+    and the keys entering at query x are those entering at query `row` plus `shift`. The update
+    kernel computes the same (`_table_row` in the template)."""
+    if not period:
+        return x, x * 0
+    shift = (x >= rows) * ((x - (rows - period)) // period * period)
+    return x - shift, shift
+
+
 class Runtime:
     """Prefill, then token-by-token decode, of one sequence batch over the generated kernels.
 
     `kernels` is the generated dynamic decode module; `static_module` the static part's decode
     module (`fill_cache`; None when STATIC_SIZE is 0); `tables` holds the region schedule as
-    int32 CPU tensors of MAX_LEN entries: `enter_at` (first region query of each key, -1:
-    never), `region_last` (last region query, clipped to MAX_LEN; -1: never), `enter_ptr` /
-    `enter_keys` (keys by the query they enter at, CSR).
+    int32 CPU tensors of TABLE_ROWS entries (MAX_LEN, or fewer for a region that repeats:
+    `table_row`): `enter_at` (first region query of each key, -1: never), `region_last` (last
+    region query, clipped to MAX_LEN; -1: never), `enter_ptr` / `enter_keys` (keys by the query
+    they enter at, CSR).
 
     With REDUCE None the score chain is not fused: pass the prompt's per-key scores to
     `start` and an `accumulate(runtime, q, pos)` callback to `decode`.
@@ -454,6 +468,17 @@ class Runtime:
             self._static_keys.scatter_reduce_(0, cid[ok], j[ok], reduce="amax")
         self._static_upto = self.length
         return self._static_keys
+
+    def key_spans(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first, last) region query of `keys` (CPU, int64), as the kernels read the tables:
+        -1 for a key never in the region before MAX_LEN, the last clipped to MAX_LEN."""
+        K = self.kernels
+        row, shift = table_row(keys.to(torch.int64), K.TABLE_ROWS, K.TABLE_PERIOD)
+        first = self.tables["enter_at"][row].to(torch.int64)
+        first = torch.where(first >= 0, first + shift, -1)
+        first = torch.where(first >= K.MAX_LEN, -1, first)
+        last = (self.tables["region_last"][row].to(torch.int64) + shift).clamp(max=K.MAX_LEN)
+        return first, torch.where(first < 0, -1, last)
 
     def device_tables(self, device: Any) -> tuple[torch.Tensor, ...]:
         """(region_last, enter_ptr, enter_keys) on `device`, for `update`."""
@@ -515,8 +540,8 @@ class Runtime:
             static_keys = self.static_keys
             sel = (static_keys >= 0).nonzero()[:, 0]
             st.acc[:, sel.to(dev)] = scores[:, static_keys[sel].to(dev)]
-        t = self.tables
-        cand = (t["enter_at"][:P] >= 0) & (t["enter_at"][:P] <= P - 1) & (t["region_last"][:P] >= P)
+        first, last = self.key_spans(torch.arange(P))
+        cand = (first >= 0) & (first <= P - 1) & (last >= P)
         cand = cand.to(dev)[None, :].expand(B * Hkv, P)
         keep = cand if K.REFRESH else top_mask(scores, cand, K.BUDGET, torch.arange(P, device=dev))
         n_keep = keep.sum(dim=1)
@@ -623,7 +648,7 @@ class Runtime:
         st = self._started("held_keys")
         B, H, Hkv = self.shape[:3]
         keys = st.keys.to(torch.int64)
-        enter = self.tables["enter_at"].to(keys.device, torch.int64)[keys.clamp(min=0)]
+        enter = self.key_spans(keys.clamp(min=0).cpu())[0].to(keys.device)
         held = ((st.flags & 1) != 0) & (keys >= 0) & (enter < self.length)
         return [[sorted(int(x) for x in keys[b * Hkv + h][held[b * Hkv + h]]) for h in range(Hkv)]
                 for b in range(B)]
