@@ -44,7 +44,7 @@ from sas.ir.tile_period import tile_period
 from sas.ir.tile_runs import tile_runs
 
 #: Bumped whenever a template's meaning changes (part of every cache key).
-TEMPLATE_VERSION = "5"
+TEMPLATE_VERSION = "4"
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -558,8 +558,11 @@ def render_dynamic_decode(cplan, block_n: int = 64, num_warps: int = 4) -> str:
         static_key = "empty"
     region_expr = lower_expr(plan.region.predicate(pos, key), {"pos": "pos", "key": "key"}, boolean=True)
     fused = cplan.fused
+    # (the region tables' form, and the update kernel's position ticket: the dynamic template's
+    # changes of 2026-11-28, which leave the static templates and their names as they were)
     key_digest = _digest(pattern_key(plan.pattern), cplan.max_len, cplan.pool_size, static_key,
-                         repr(fused), block_n, num_warps, TEMPLATE_VERSION)[:12]
+                         repr(fused), block_n, num_warps, TEMPLATE_VERSION, "tables", cplan.table_rows,
+                         cplan.table_period, "ticket")[:12]
     return _render(
         "dynamic_decode.py.jinja",
         attn_kernel=check_identifier(f"sas_dyn_decode_{key_digest}", "kernel name"),
