@@ -34,7 +34,7 @@ from sas.dynamic.cache_plan import DynamicCachePlan, dynamic_cache_plan
 from sas.dynamic.plan import DynamicPlan, plan_dynamic
 from sas.errors import AnalysisError, AnalysisLimitError, KernelError, PatternError, SASError
 from sas.ir.periodicity import structure
-from sas.ir.tile_period import tile_period
+from sas.ir.tile_period import TilePeriod, tile_period
 from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.lang.pattern import Pattern
 from sas.limits import positive_length
@@ -63,14 +63,15 @@ class TileSchedule:
 
 
 class ScheduleCache:
-    """Prefill tile schedules made on demand, least recently used dropped first (thread-safe)."""
+    """Prefill tile schedules (and the square ones' periodic forms) made on demand, least
+    recently used dropped first (thread-safe)."""
 
     def __init__(self, size: int = SCHEDULE_CACHE_SIZE):
         self._size = size
-        self._items: OrderedDict[tuple[int, int], TileSchedule] = OrderedDict()
+        self._items: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, int], make) -> TileSchedule:
+    def get(self, key: tuple, make) -> Any:
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
@@ -184,19 +185,30 @@ class Plan:
         k_len = q_len if k_len is None else k_len
 
         def make() -> TileSchedule:
-            o = self.prefill_config(q_len, k_len, wide_kernel=wide_kernel)
             if q_len == k_len:
                 # a repeating pattern's square schedule from its first rows and period, as a
                 # compiled package derives it (time and memory follow the runs, not the tiles)
-                period = tile_period(self.prefill_pattern, q_len, o.block_m, o.block_n)
+                o, period = self.tile_period(q_len, wide_kernel=wide_kernel)
                 if period is not None:
                     from sas.runtime.tiles import period_runs    # (sas.runtime imports this module)
 
                     return TileSchedule(o, period_runs(period, q_len))
+            o = self.prefill_config(q_len, k_len, wide_kernel=wide_kernel)
             return TileSchedule(o, tile_runs(self.prefill_pattern, q_len, k_len, o.block_m, o.block_n,
                                              k_len - q_len))
 
         return self.schedules.get((q_len, k_len, wide_kernel), make)
+
+    def tile_period(self, length: int, *, wide_kernel: bool = False) -> tuple[PrefillOptions, TilePeriod | None]:
+        """The prefill options of the square `length x length` problem and its schedule's
+        periodic form (`sas.ir.tile_period`: the first query blocks and the period; None where
+        the pattern has none), made once: what `sas compile` stores and `schedule` unrolls."""
+
+        def make() -> tuple[PrefillOptions, TilePeriod | None]:
+            o = self.prefill_config(length, length, wide_kernel=wide_kernel)
+            return o, tile_period(self.prefill_pattern, length, o.block_m, o.block_n)
+
+        return self.schedules.get(("period", length, wide_kernel), make)
 
     # --- description ---------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sas import Causal, Diag, Dynamic, Rect, load_pattern
 from sas.dynamic.cache_plan import dynamic_cache_plan
 from sas.dynamic.plan import SCHEDULE_LIMIT, most_candidates
-from sas.errors import NotYetSupportedError
+from sas.errors import NotYetSupportedError, PatternError
 from sas.runtime import SASAttnKernel
 from sas.runtime.dynamic_host import table_row
 
@@ -96,7 +96,7 @@ def test_budgets_clamped_to_the_region():
 def test_refresh_and_regions_without_period_keep_per_token_tables():
     cplan = dynamic_cache_plan(h2o_on(Diag(0, 4), budget=3, refresh=True), 200)
     assert cplan.table_period == 0 and cplan.table_rows == 200
-    with pytest.raises(Exception, match="refresh=True keeps every candidate"):
+    with pytest.raises(PatternError, match="refresh=True keeps every candidate"):
         dynamic_cache_plan(h2o_on(Diag(0, 4), budget=3, refresh=True), SCHEDULE_LIMIT + 1)
 
 
@@ -114,6 +114,16 @@ def test_long_plans_follow_the_pattern(n):
         assert cplan.table_rows <= 1100 and cplan.pool_size <= 736
         assert peak < 32 << 20, peak
         assert took < 10, took
+
+
+def test_lengths_past_int32_are_refused():
+    """Keys, positions and region ends are int32 on the device: 2^31 is refused before any work
+    (it built, with every region end wrapped negative; found by review)."""
+    pattern = h2o_on(Diag(0, 6), 3)
+    for make in (lambda: dynamic_cache_plan(pattern, 2 ** 31), lambda: SASAttnKernel(pattern, max_len=2 ** 31)):
+        with pytest.raises(PatternError, match="int32"):
+            make()
+    assert dynamic_cache_plan(pattern, 2 ** 31 - 1).table_rows < 16
 
 
 @pytest.mark.parametrize("static,region", [(Diag(0, 6), None), (Diag(0, 4), Diag(4, 6))],

@@ -113,7 +113,8 @@ def test_kernel_and_compile_take_the_plan(tmp_path):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, 20, 16, generator=g).to(DEV) for _ in range(3))
     ker.prefill(q, k, v)
-    assert len(plan.schedules) == 1                          # the runtime used the plan's cache
+    # the runtime used the plan's cache: the square schedule of 20 tokens and its periodic form
+    assert len(plan.schedules) == 2
     rep = compile_pattern(SMALL_STREAMING, tmp_path / "out", plan=plan, head_dim=16, dtype="float32")
     assert rep["cache_size"] == 28 and rep["prefill"]["block_m"] == 16
     with pytest.raises(KernelError, match="max_len"):

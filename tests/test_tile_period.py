@@ -23,6 +23,7 @@ from sas.ir.tile_runs import TileRuns, tile_runs
 from sas.ir.tiles import TileMap, tile_map
 from sas.runtime.standalone import prefix_runs
 from sas.runtime.tiles import schedule_counts, schedule_tensors
+from helpers.attention import DEV
 from helpers.table1 import TABLE1_KERNELS
 from strategies import causal_patterns, patterns
 
@@ -64,6 +65,10 @@ def check_lengths(p, n: int, bm: int, bn: int, lengths) -> None:
             check_valid(got, p, length)
             # the derived schedule never calls full what the exact one does not
             assert not ((got.classes() == 1) & (want.classes() != 1)).any()
+        # every tile listed once: the runs' lengths add up to the tiles they cover
+        r = prefix_runs(sched, length)
+        run_tiles = sum(int((r[x][:, 1] - r[x][:, 0]).sum()) for x in ("full_runs", "part_runs"))
+        assert run_tiles == int((got.classes() != 0).sum()), length
         c = schedule_counts(sched, length)
         cls = got.classes()
         assert c == {"full": int((cls == 1).sum()), "partial": int((cls == 2).sum()),
@@ -85,6 +90,28 @@ def test_table1_periods(name):
                                Rect(size=(16, 16)) >> Diag(0, 1)])   # its rows end in full tiles
 def test_hand_picked_lengths(p):
     check_lengths(p, 2000, 16, 8, (16, 208, 400, 800, 803, 1000, 1337, 2000))
+
+
+def test_ragged_lengths_list_a_tile_once():
+    """A band reaching 127 keys right of the diagonal: at a ragged length the last query block's
+    full runs past the last key block are empty once clipped, not made partial a second time
+    (they listed tile 15 twice, and Plan.schedule's runs gave SASAttnKernel.prefill an error of
+    0.15 at 200 tokens; found by review)."""
+    check_lengths(Diag(-127, 128), 4096, 64, 64, (1000, 999, 1024))
+    check_lengths(Diag(-100, 140), 1024, 64, 32, (200, 1000))
+
+
+def test_prefill_over_a_derived_ragged_schedule_equals_dense():
+    import math
+
+    from sas.runtime import SASAttnKernel
+
+    p, n = Diag(-100, 140), 200
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
+    out = SASAttnKernel(p, max_len=1024).prefill(q.to(DEV), k.to(DEV), v.to(DEV)).float().cpu()
+    s = (q @ k.transpose(-1, -2) / math.sqrt(16)).masked_fill(~torch.from_numpy(p.to_mask(n)), float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(s, -1) @ v, rtol=1e-4, atol=1e-4)
 
 
 def test_no_period_where_cells_run_right():

@@ -175,3 +175,14 @@ def check_large_tiles(p, q_len, extra, bm, bn, max_boxes, max_cells):
     if k_len % bn:
         got[:, -1] = np.where(got[:, -1] == 1, 2, got[:, -1])
     np.testing.assert_array_equal(got, want)
+
+
+def test_prefix_at_a_ragged_length_lists_a_tile_once():
+    """A band 127 keys right of the diagonal: the last query block's full runs past the last key
+    block are dropped at a ragged length, not turned into a second partial tile (found by review)."""
+    p = Diag(-127, 128)
+    pre = tile_runs(p, 4096, 4096, 64, 64).prefix(1000)
+    tm = pre.to_tile_map()
+    check_valid(tm, p, 1000)
+    run_tiles = int((pre.full_runs[:, 1] - pre.full_runs[:, 0]).sum() + (pre.part_runs[:, 1] - pre.part_runs[:, 0]).sum())
+    assert run_tiles == int((tm.classes() != 0).sum())

@@ -12,7 +12,9 @@ The folder is a Python package (docs/architecture.md, "Compiled output"):
   `static_decode.py` (the static part's, when it has slots) and `dynamic_decode.py` (the
   dynamic kernels) with their host module `dynamic_host.py` (and its `graph_params.py`);
 - `plan.pt`: what the plan holds (`torch.load`): the prefill tile schedule for max_len as runs
-  of key blocks, and for dynamic patterns the region schedule;
+  of key blocks (of its first query blocks and a period where the pattern repeats:
+  `sas.ir.tile_period`), and for dynamic patterns the region schedule (likewise its first rows
+  and a period where the region repeats);
 - `standalone.py`: the host code that reads plan.pt and runs the kernels (torch only; a copy
   of `sas.runtime.standalone`);
 - `report.json` and `report.md`: cache size, slot scheme, the synthesized functions' source,
@@ -49,7 +51,6 @@ from sas.dynamic.fusion import analyze_fusion
 from sas.errors import KernelError, NotYetSupportedError, SASError
 from sas.lang.pattern import Pattern
 from sas.limits import positive_length
-from sas.ir.tile_period import tile_period
 from sas.plan import DTYPES, Plan, dtype_name, make_plan
 from sas.runtime import checks, dynamic_host, graph_params, standalone
 from sas.runtime.tiles import schedule_counts, schedule_tensors
@@ -110,9 +111,8 @@ class SquareSchedule:
 
 
 def _square_schedule(plan: Plan, wide_kernel: bool = False) -> SquareSchedule:
-    max_len, pattern = plan.max_len, plan.prefill_pattern
-    o = plan.prefill_config(max_len, max_len, wide_kernel=wide_kernel)
-    period = tile_period(pattern, max_len, o.block_m, o.block_n)
+    max_len = plan.max_len
+    o, period = plan.tile_period(max_len, wide_kernel=wide_kernel)
     if period is not None:
         return SquareSchedule(o, schedule_tensors(period, max_len))
     return SquareSchedule(o, schedule_tensors(plan.schedule(max_len, max_len, wide_kernel=wide_kernel).runs))

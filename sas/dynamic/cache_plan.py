@@ -183,6 +183,9 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
     the pattern, not max_len."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 < max_len <= MAX_INDEX:
         raise PatternError(f"max_len must be a positive integer at most 2**61, got {max_len!r}")
+    if max_len >= 2 ** 31:
+        raise PatternError(f"max_len={max_len} is too long for the dynamic runtime: it holds keys, positions and "
+                           f"region ends as int32 (max_len < 2**31)")
     _check_kascade(pattern)
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
@@ -216,6 +219,8 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
         try:
             s_last = np.asarray(static.last_use(j), dtype=np.int64)
         except AnalysisError:
+            check_host_bytes(f"the static part's last uses at max_len={n} (its mask)", n * n,
+                             "use a smaller max_len")
             mask = plan.static.to_mask(n)
             s_last = np.where(mask.any(axis=0), np.where(mask, np.arange(n)[:, None], -1).max(axis=0), -1)[:m]
     else:

@@ -30,6 +30,7 @@ diagonal, a period whose prefix is longer than the schedule) keep `tile_runs`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import lcm
 
 import numpy as np
@@ -73,6 +74,7 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@lru_cache(maxsize=4096)
 def right_bound(pattern: Pattern) -> int | None:
     """U >= 1 with every attended cell (i, j) at j < i + U, from the periodic structure alone;
     None when the pattern has no such bound (cells arbitrarily far right of the diagonal) or no
@@ -96,14 +98,16 @@ def tile_period(pattern: Pattern, length: int, block_m: int, block_n: int) -> Ti
     """The periodic form of the `length x length` schedule (module doc), or None where the
     pattern has none or its first rows reach `length` (then `tile_runs` is no larger)."""
     st = structure(pattern)
-    u = right_bound(pattern)
-    if u is None:
+    if not st.periodic:
         return None
     pt = lcm(st.P, st.Qv, block_m, block_n)
     period_m, period_n = pt // block_m, pt // block_n
     fixed = period_n + _ceil(st.T, block_n)
-    rows = period_m + max(_ceil(st.T, block_m), _ceil(max(0, st.Dv + fixed * block_n - 1), block_m))
+    rows = period_m + max(_ceil(st.T, block_m), _ceil(max(0, st.Dv) + fixed * block_n - 1, block_m))
     if rows * block_m >= length:
+        return None
+    u = right_bound(pattern)
+    if u is None:
         return None
     q_len = rows * block_m
     k_len = _ceil(q_len + u, block_n) * block_n        # every cell of the rows: j < q_len - 1 + u

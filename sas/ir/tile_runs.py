@@ -105,7 +105,7 @@ class TileRuns:
         rows_p, a_p, b_p = _rows_of(self.part_ptr[:nqb + 1], self.part_runs)
         b_f, b_p = np.minimum(b_f, nkb), np.minimum(b_p, nkb)
         if length % self.block_n:
-            cut = b_f == nkb
+            cut = (b_f == nkb) & (a_f < nkb)     # (a run past the last key block is empty once clipped)
             rows_p = np.concatenate([rows_p, rows_f[cut]])
             a_p = np.concatenate([a_p, np.full(int(cut.sum()), nkb - 1, dtype=np.int64)])
             b_p = np.concatenate([b_p, np.full(int(cut.sum()), nkb, dtype=np.int64)])

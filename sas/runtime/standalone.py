@@ -23,8 +23,10 @@ Dynamic patterns: `attn.prefill(q, k, v)` starts a sequence batch and `attn.deco
 continues it (the selection state lives beside the cache; `attn.Runtime` makes more).
 
 The prefill tile schedule for `max_len` is stored as runs of key blocks per query block
-(`plan.pt`, `schedule["prefill"]`). A prompt of length L <= max_len (queries = keys) uses its
-first query blocks with the runs clipped to L (`prefix_runs`): exact, since a tile's class can
+(`plan.pt`, `schedule["prefill"]`), or, where the pattern repeats, as those of its first query
+blocks and a period (`period_m`, `period_n`, `fixed`: `sas.ir.tile_period`) from which
+`schedule_rows` derives every later query block. A prompt of length L <= max_len (queries =
+keys) uses its first query blocks with the runs clipped to L (`prefix_runs`): exact, since a tile's class can
 only go from partial to empty or full when rows and columns are cut, and partial tiles test the
 mask cell by cell; a full tile of a ragged last key block becomes partial. Queries that are a
 suffix of the keys (Lq < Lk) recompute their tiles from the generated mask predicate on the
@@ -82,11 +84,16 @@ def _rows_of(ptr: torch.Tensor, runs: torch.Tensor, nrows: int) -> tuple[torch.T
 
 
 def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor, lo: int,
-                 hi: int) -> tuple[torch.Tensor, ...]:
+                 hi: int, copies: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(row, start, stop) of the runs of query blocks lo .. hi - 1 (lo at or past the stored
     rows) of a periodic schedule (`sas.ir.tile_period`): row r of the last stored period with
     its key blocks below `fixed` kept, its band `[fixed - period_n, fixed)` repeated k - 1 times
-    and the rest moved by k periods, k = (m - r) / period_m; not clipped to a length."""
+    and the rest moved by k periods, k = (m - r) / period_m; not clipped to a length. The fourth
+    value: with `copies=False`, the tiles of the band's copies, counted instead of listed (else
+    0). A count at a length may leave them out of the clipping: no copy reaches the last key
+    block. (Row r lies past `fixed` key blocks, `r * block_m >= fixed * block_n - 1`, so the
+    copies of query block m end by token (m - period_m) * block_m + 1 <= m * block_m, below any
+    length that has query block m.)"""
     pm, pn, fixed = int(schedule["period_m"]), int(schedule["period_n"]), int(schedule["fixed"])
     ptr = ptr.to(torch.int64)
     base = ptr.numel() - 1
@@ -103,32 +110,40 @@ def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor
     band_a, band_b = a.clamp(min=fixed - pn), b.clamp(max=fixed)
     # the band's copies j = 1 .. k - 1: one run where a run spans the band, else one per copy
     has = (band_b > band_a) & (k > 1)
+    if not copies:
+        counted = int(((k - 1) * (band_b - band_a))[has].sum())
+        has = torch.zeros_like(has)
+    else:
+        counted = 0
     whole = has & (band_a == fixed - pn) & (band_b == fixed)
     some = has & ~whole
-    copies = k[some] - 1
-    j = torch.arange(int(copies.sum()), dtype=torch.int64) - torch.repeat_interleave(torch.cumsum(copies, 0) - copies,
-                                                                                      copies) + 1
+    n_copies = k[some] - 1
+    j = torch.arange(int(n_copies.sum()), dtype=torch.int64) - torch.repeat_interleave(
+        torch.cumsum(n_copies, 0) - n_copies, n_copies) + 1
     shift = j * pn
-    return (torch.cat([row, row[whole], torch.repeat_interleave(row[some], copies), row]),
-            torch.cat([a, torch.full_like(row[whole], fixed), torch.repeat_interleave(band_a[some], copies) + shift,
+    return (torch.cat([row, row[whole], torch.repeat_interleave(row[some], n_copies), row]),
+            torch.cat([a, torch.full_like(row[whole], fixed), torch.repeat_interleave(band_a[some], n_copies) + shift,
                        band_a + k * pn]),
             torch.cat([b.clamp(max=fixed), fixed + (k[whole] - 1) * pn,
-                       torch.repeat_interleave(band_b[some], copies) + shift, b + k * pn]))
+                       torch.repeat_interleave(band_b[some], n_copies) + shift, b + k * pn]), counted)
 
 
-def schedule_rows(schedule: dict[str, Any], full: bool, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+def schedule_rows(schedule: dict[str, Any], full: bool, lo: int, hi: int,
+                  copies: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(row, start, stop) of the full (or partial) runs of query blocks lo .. hi - 1 of the
     stored square schedule, before any clipping to a length: the stored rows, then for a
-    periodic schedule (`period_m` set) the rows it derives."""
+    periodic schedule (`period_m` set) the rows it derives; and the tiles of the derived rows'
+    band copies where `copies=False` counts them instead of listing them (`_period_rows`)."""
     ptr, runs = (schedule["full_ptr"], schedule["full_runs"]) if full else (schedule["part_ptr"], schedule["part_runs"])
     stored = ptr.numel() - 1
     rows, a, b = _rows_of(ptr, runs, min(hi, stored))
     keep = rows >= lo
     rows, a, b = rows[keep], a[keep], b[keep]
+    skipped = 0
     if hi > stored:
-        more = _period_rows(schedule, ptr, runs, max(lo, stored), hi)
+        *more, skipped = _period_rows(schedule, ptr, runs, max(lo, stored), hi, copies)
         rows, a, b = (torch.cat([x, y]) for x, y in zip((rows, a, b), more))
-    return rows, a, b
+    return rows, a, b, skipped
 
 
 def clip_runs(full: tuple[torch.Tensor, ...], part: tuple[torch.Tensor, ...], length: int, block_n: int,
@@ -141,7 +156,7 @@ def clip_runs(full: tuple[torch.Tensor, ...], part: tuple[torch.Tensor, ...], le
     rp, ap, bp = part
     bf, bp = bf.clamp(max=nkb), bp.clamp(max=nkb)
     if length % block_n:
-        cut = bf == nkb
+        cut = (bf == nkb) & (af < nkb)     # (a run past the last key block is empty once clipped)
         rp = torch.cat([rp, rf[cut]])
         ap = torch.cat([ap, torch.full_like(rf[cut], nkb - 1)])
         bp = torch.cat([bp, torch.full_like(rf[cut], nkb)])
@@ -160,7 +175,7 @@ def prefix_runs(schedule: dict[str, Any], length: int) -> dict[str, Any]:
     if not 0 < length <= int(schedule["length"]):
         raise ValueError(f"prefix_runs: length must be in 1..{int(schedule['length'])}, got {length}")
     nqb = -(-length // bm)
-    fp, fr, pp, pr = clip_runs(schedule_rows(schedule, True, 0, nqb), schedule_rows(schedule, False, 0, nqb),
+    fp, fr, pp, pr = clip_runs(schedule_rows(schedule, True, 0, nqb)[:3], schedule_rows(schedule, False, 0, nqb)[:3],
                                length, bn, 0, nqb)
     return {k: v for k, v in schedule.items() if k not in ("period_m", "period_n", "fixed")} | dict(
         length=length, full_ptr=fp, full_runs=fr, part_ptr=pp, part_runs=pr)

@@ -52,12 +52,14 @@ def _tiles(ptr: torch.Tensor, runs: torch.Tensor) -> int:
 
 
 def _exact_counts(schedule: dict[str, Any], length: int, lo: int, hi: int) -> tuple[int, int]:
+    """Full and partial tiles of query blocks lo .. hi - 1 at `length`: the runs clipped, the
+    repeated band's copies (which never reach the last key block) counted without listing them."""
     if hi <= lo:
         return 0, 0
-    fp, fr, pp, pr = standalone.clip_runs(standalone.schedule_rows(schedule, True, lo, hi),
-                                          standalone.schedule_rows(schedule, False, lo, hi),
-                                          length, int(schedule["block_n"]), lo, hi)
-    return _tiles(fp, fr), _tiles(pp, pr)
+    *full, skip_f = standalone.schedule_rows(schedule, True, lo, hi, copies=False)
+    *part, skip_p = standalone.schedule_rows(schedule, False, lo, hi, copies=False)
+    fp, fr, pp, pr = standalone.clip_runs(tuple(full), tuple(part), length, int(schedule["block_n"]), lo, hi)
+    return _tiles(fp, fr) + skip_f, _tiles(pp, pr) + skip_p
 
 
 def _row_pieces(schedule: dict[str, Any], full: bool) -> tuple[torch.Tensor, ...]:
@@ -66,7 +68,7 @@ def _row_pieces(schedule: dict[str, Any], full: bool) -> tuple[torch.Tensor, ...
     pm, pn, fixed = int(schedule["period_m"]), int(schedule["period_n"]), int(schedule["fixed"])
     ptr, runs = (schedule["full_ptr"], schedule["full_runs"]) if full else (schedule["part_ptr"], schedule["part_runs"])
     stored = ptr.numel() - 1
-    rows, a, b = standalone.schedule_rows(schedule, full, stored - pm, stored)
+    rows, a, b, _ = standalone.schedule_rows(schedule, full, stored - pm, stored)
     rows = rows - (stored - pm)
 
     def per_row(x: torch.Tensor) -> torch.Tensor:
