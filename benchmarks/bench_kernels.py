@@ -371,7 +371,7 @@ def main() -> None:
                   md)
 
 
-def write_results(out: str | None, data: dict, md: str, indent: int = 2) -> None:
+def write_results(out: str | None, data: dict | list, md: str, indent: int = 2) -> None:
     """The run's results as `<out>.json` (`data`) and `<out>.md` (`md`); nothing when `out` is None."""
     if out:
         path = Path(out)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_kernels import write_results  # noqa: E402
 
 from sas import Causal, Dynamic, load_pattern  # noqa: E402
 from sas.codegen.compile import compile_pattern  # noqa: E402
@@ -80,11 +82,7 @@ def main() -> None:
                      f"{r['error'] or ''} |")
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    write_results(args.out, rows, text + "\n", indent=1)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ab_dynamic_update import CONFIGS, DTYPE, D, STATE, floor_ms, prepare, random_inputs  # noqa: E402
-from bench_kernels import PATTERNS, copy_bandwidth, paired_ms  # noqa: E402
+from bench_kernels import PATTERNS, copy_bandwidth, paired_ms, write_results  # noqa: E402
 
 from sas.runtime import dynamic_host as dh  # noqa: E402
 
@@ -150,11 +150,7 @@ def main() -> None:
                      f"{r['step_over_floor_cold']:.2f} |")
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    write_results(args.out, rows, text + "\n", indent=1)
 
 
 if __name__ == "__main__":
