@@ -27,6 +27,8 @@ from sas.codegen import compile_pattern  # noqa: E402
 from sas.codegen.triton_backend import DecodeOptions, PrefillOptions  # noqa: E402
 from sas.dynamic import dynamic_attention_reference  # noqa: E402
 
+from helpers.attention import DEV  # noqa: E402
+
 SITE = {str(Path(m.__file__).resolve().parents[1]) for m in (torch, triton)}
 
 RUNNER = r'''
@@ -175,8 +177,9 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
                     decode_options=DecodeOptions(16, 4, 1))
     assert "from sas" not in (static / "checks.py").read_text()
     attn = load_package(static, "compiled_checks_static")
-    q, k, v = qkv(1, 2, 1, 8, 16, seed=1)
-    kc, vc = attn.new_cache(1, 1, 16, torch.float32, "cpu")
+    on_dev = lambda ts: tuple(t.to(DEV) for t in ts)  # noqa: E731 (the interpreter's CPU, or the GPU)
+    q, k, v = on_dev(qkv(1, 2, 1, 8, 16, seed=1))
+    kc, vc = attn.new_cache(1, 1, 16, torch.float32, DEV)
     attn.fill_cache(k, v, kc, vc)
     before = (kc.clone(), vc.clone())
     one = lambda t: t[:, :, :1]  # noqa: E731
@@ -200,17 +203,17 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
         (lambda: attn.fill_cache(k.half(), v.half(), kc, vc), ("k_cache", "float32")),
         (lambda: attn.fill_cache(k[..., :8], v[..., :8], kc, vc), ("k_cache", "head_dim")),
         (lambda: attn.fill_cache(k, v, kc[:, :, :2], vc[:, :, :2]), ("k_cache", "[1, 1, 4, 16]")),
-        (lambda: attn.fill_cache(qkv(1, 1, 1, 20, 16, 2)[1], qkv(1, 1, 1, 20, 16, 2)[2], kc, vc),
+        (lambda: attn.fill_cache(*on_dev(qkv(1, 1, 1, 20, 16, 2)[1:]), kc, vc),
          ("prompt length 20", "max_len=16")),
         (lambda: attn.new_cache(1, 1, 16, torch.int32), ("dtype", "torch.int32")),
         (lambda: attn.new_cache(-1, 1, 16, torch.float32), ("batch", "positive")),
         (lambda: attn.new_cache(1, 1, 16, "float32"), ("dtype", "'float32'")),
         (lambda: attn.new_cache(1, 1, 16, torch.float32, "gpu7"), ("device", "'gpu7'")),
         # head dims the kernels are not built for (before: Triton's "arange's range must be a power of 2")
-        (lambda: attn.prefill(*qkv(1, 2, 1, 8, 24, seed=3)), ("head_dim 24", "16, 32, 64, 128")),
-        (lambda: attn.prefill(*qkv(1, 2, 1, 8, 256, seed=3)), ("head_dim 256",)),
-        (lambda: attn.decode(*(one(t) for t in qkv(1, 2, 1, 8, 24, seed=3)), *attn.new_cache(1, 1, 16, torch.float32),
-                             8), ("head_dim 24",)),
+        (lambda: attn.prefill(*on_dev(qkv(1, 2, 1, 8, 24, seed=3))), ("head_dim 24", "16, 32, 64, 128")),
+        (lambda: attn.prefill(*on_dev(qkv(1, 2, 1, 8, 256, seed=3))), ("head_dim 256",)),
+        (lambda: attn.decode(*(one(t) for t in on_dev(qkv(1, 2, 1, 8, 24, seed=3))),
+                             *attn.new_cache(1, 1, 16, torch.float32, DEV), 8), ("head_dim 24",)),
         (lambda: attn.new_cache(1, 1, 24, torch.float32), ("new_cache", "head_dim 24")),
     ]
     for call, words in bad_calls:
@@ -230,7 +233,7 @@ def test_compiled_package_checks_its_arguments_before_any_work(tmp_path):
                          ("prompt's batch", "(1, 2, 1, 16)", "(2, 2, 1, 16)")),
                         (lambda: attn.decode(q1.double(), k1.double(), v1.double()), ("q", "float64")),
                         (lambda: attn.decode(q1, k1[:, :, :, :8], v1), ("k", "head_dim 8")),
-                        (lambda: attn.decode(*(one(t) for t in qkv(1, 2, 1, 8, 24, seed=3))), ("head_dim 24",)),
+                        (lambda: attn.decode(*(one(t) for t in on_dev(qkv(1, 2, 1, 8, 24, seed=3)))), ("head_dim 24",)),
                         (lambda: attn.decode(q1.clone().requires_grad_(), k1, v1),
                          ("q requires grad", "no differentiable backend"))]:
         with pytest.raises(ValueError) as e:
