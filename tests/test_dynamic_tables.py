@@ -14,10 +14,10 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sas import Causal, Diag, Dynamic, Rect, load_pattern
+from sas import Causal, Diag, Dynamic, Rect, analyze, load_pattern
 from sas.dynamic.cache_plan import dynamic_cache_plan
 from sas.dynamic.plan import SCHEDULE_LIMIT, most_candidates
 from sas.errors import NotYetSupportedError, PatternError
@@ -57,6 +57,9 @@ def check_tables(pattern, n: int) -> None:
         np.testing.assert_array_equal(entering, np.flatnonzero(first == q), err_msg=f"query {q}")
     counts = np.bincount(first[first >= 0], minlength=n + 1)
     assert cplan.max_entering == max(1, int(counts[1:n].max()) if n > 1 else 0)
+    if cplan.plan.refresh:      # the pool holds every candidate alive at one query
+        alive = [int(((first >= 0) & (first <= q) & (q <= last)).sum()) for q in range(n)]
+        assert cplan.pool_size == max(1, max(alive))
     # the budget in effect: clamped to the most candidates at once over all n queries
     most = max(1, most_candidates(first, last, n))
     budget = cplan.plan.dynamic.budget
@@ -64,10 +67,12 @@ def check_tables(pattern, n: int) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(case=static_plus_h2o(), n=st.integers(65, 300))
-def test_random_compositions_equal_the_per_token_schedule(case, n):
+@given(case=static_plus_h2o(), n=st.sampled_from([64, 128, 192, 256, 320]), refresh=st.booleans())
+def test_random_compositions_equal_the_per_token_schedule(case, n, refresh):
     static, budget = case
-    check_tables(h2o_on(static, budget), n)
+    # the strategy vouches for a closed-form static part at 64; the runtime refuses table-driven ones
+    assume(not static.to_mask(n).any() or not analyze(static, max_len=n).tables)
+    check_tables(h2o_on(static, budget, refresh), n)
 
 
 @pytest.mark.parametrize("name", TABLE1_NAMES)
@@ -93,7 +98,18 @@ def test_budgets_clamped_to_the_region():
     assert dynamic_cache_plan(h2o_on(Diag(0, 4), 50), 1 << 20).plan.budget == 50
 
 
+@pytest.mark.parametrize("n", [50, 300])
+def test_refresh_on_an_expiring_region_uses_the_period(n):
+    """refresh=True on a band 4-9 keys back (no key stays): the tables and the pool (every
+    candidate alive at once) from the steady window, as per token; also at 2^30."""
+    pattern = Diag(0, 4) + Diag(4, 6) * Dynamic(budget=3, refresh=True)
+    check_tables(pattern, n)
+    cplan = dynamic_cache_plan(pattern, 1 << 30)
+    assert cplan.table_period == 1 and cplan.pool_size == dynamic_cache_plan(pattern, 300).pool_size
+
+
 def test_refresh_and_regions_without_period_keep_per_token_tables():
+    # refresh=True on what a window leaves: every old key stays a candidate, the pool grows with n
     cplan = dynamic_cache_plan(h2o_on(Diag(0, 4), budget=3, refresh=True), 200)
     assert cplan.table_period == 0 and cplan.table_rows == 200
     with pytest.raises(PatternError, match="refresh=True keeps every candidate"):
@@ -126,14 +142,15 @@ def test_lengths_past_int32_are_refused():
     assert dynamic_cache_plan(pattern, 2 ** 31 - 1).table_rows < 16
 
 
-@pytest.mark.parametrize("static,region", [(Diag(0, 6), None), (Diag(0, 4), Diag(4, 6))],
-                         ids=["window-forever", "band-expiring"])
-def test_a_billion_token_kernel_decodes_as_a_short_one(static, region):
+@pytest.mark.parametrize("static,region,refresh", [(Diag(0, 6), None, False), (Diag(0, 4), Diag(4, 6), False),
+                                                   (Diag(0, 4), Diag(4, 6), True)],
+                         ids=["window-forever", "band-expiring", "band-refresh"])
+def test_a_billion_token_kernel_decodes_as_a_short_one(static, region, refresh):
     """H2O (budget 3) on what a window leaves (keys kept forever), and on a band 4-9 keys back
     (keys expire), over 40 tokens: the decode steps pass the tables' rows many times, and a
     kernel at max_len 2^30 gives the outputs and held keys of one at max_len 64 and of the plain
     H2O reference."""
-    dyn = Dynamic(budget=3)
+    dyn = Dynamic(budget=3, refresh=refresh)
     region = Causal() * ~static if region is None else region
     pattern = static + region * dyn
     N, prefill = 40, 5

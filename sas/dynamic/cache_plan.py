@@ -190,13 +190,15 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
     # The budget in effect is clamped to what the region can hold within max_len.
     plan = (pattern if isinstance(pattern, DynamicPlan) else plan_dynamic(pattern, max_len=max_len)).for_length(max_len)
     n = max_len
-    rows = None if plan.refresh else plan.table_rows()
+    # refresh=True holds every candidate alive: counted from the steady window where none stays forever
+    window = plan.window_spans(n) if plan.refresh and not plan.keeps_forever else None
+    rows = None if plan.refresh and window is None else plan.table_rows()
     if rows is not None and rows[0] < n:
         size, period = rows
     else:
         size, period = n, 0
-        why = ("refresh=True keeps every candidate, counted per token" if plan.refresh else
-               "its region has no periodic description")
+        why = ("refresh=True keeps every candidate, some of them to the end of the sequence, counted per token"
+               if plan.refresh and plan.columns is not None else "its region has no periodic description")
         if n > SCHEDULE_LIMIT:
             raise PatternError(f"max_len={n} is too long for the dynamic runtime here: {why}, so its region "
                                f"schedule is per token, which is limited to max_len <= {SCHEDULE_LIMIT} "
@@ -245,11 +247,13 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
     enter_ptr[1:] = np.cumsum(counts)
     max_entering = int(counts[1:n].max()) if n > 1 else 0
     if plan.refresh:
-        cand = first >= 0
-        delta = np.zeros(n + 2, dtype=np.int64)
-        np.add.at(delta, first[cand], 1)
-        np.add.at(delta, np.minimum(last[cand], n) + 1, -1)
-        pool = int(np.cumsum(delta)[:n].max())
+        # the most candidates alive at one query: over all n, or over the steady window
+        f, l_, upto = (first, last, n - 1) if period == 0 else window
+        cand = (f >= 0) & (f <= upto)
+        delta = np.zeros(upto + 2, dtype=np.int64)
+        np.add.at(delta, f[cand], 1)
+        np.add.at(delta, np.minimum(l_[cand], upto) + 1, -1)
+        pool = int(np.cumsum(delta)[:upto + 1].max())
     else:
         pool = plan.budget + max(1, max_entering)
     pool = max(1, pool)

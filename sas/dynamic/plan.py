@@ -136,11 +136,18 @@ class DynamicPlan:
         latest = int(c.first_used[used].max()) if used.any() else 0
         return c.T + c.P + latest, c.P
 
-    def _window_most(self, n: int) -> tuple[int, bool] | None:
-        """(count, exact): the most candidates at once among the queries of a window of keys that
-        holds the steady state, exact for length n where no key stays a candidate forever (the
-        count then repeats with the period past the window), else a lower bound (keys kept
-        forever only add up). None without a periodic description or where the window reaches n."""
+    @property
+    def keeps_forever(self) -> bool:
+        """Some key stays a candidate until the end of any sequence (True without a periodic
+        description: not known otherwise)."""
+        c = self.columns
+        return c is None or bool((c.forever & c.ever_used).any())
+
+    def window_spans(self, n: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """(first, last, upto): the spans (`candidate_span(n, keys)`) of the keys of a window
+        that holds the steady state, and the last query that sees keys of the window only; past
+        it, where no key stays forever, the candidates alive at a query repeat every period.
+        None without a periodic description or where the window reaches n."""
         c, rows = self.columns, self.table_rows()
         if c is None:
             return None
@@ -151,10 +158,18 @@ class DynamicPlan:
         if window >= n:
             return None
         first, last = self.candidate_span(n, np.arange(window, dtype=np.int64))
-        upto = window - 2                    # queries 0 .. upto see keys of the window only
+        return first, last, window - 2
+
+    def _window_most(self, n: int) -> tuple[int, bool] | None:
+        """(count, exact): the most candidates at once among the queries of the steady window
+        (`window_spans`), exact for length n where no key stays a candidate forever, else a
+        lower bound (keys kept forever only add up); None where there is no such window."""
+        spans = self.window_spans(n)
+        if spans is None:
+            return None
+        first, last, upto = spans
         first = np.where(first - 1 <= upto, first, NEVER)
-        most = most_candidates(first, np.where(first < 0, NEVER, last), upto)
-        return most, not (c.forever & c.ever_used).any()
+        return most_candidates(first, np.where(first < 0, NEVER, last), upto), not self.keeps_forever
 
     def for_length(self, n: int) -> "DynamicPlan":
         """This plan with its budget clamped to what the region can hold within length n."""
