@@ -175,3 +175,15 @@ def test_handoff_checked_past_the_boundary():
     for n in (64, 1 << 30):
         with pytest.raises(NotYetSupportedError, match="key 1 becomes a dynamic candidate"):
             dynamic_cache_plan(Diag(0, 4) + region * Dynamic(budget=2), n)
+
+
+def test_compiled_report_tells_the_region_schedule(tmp_path):
+    """report.md of a dynamic package at 2^30 says how the region schedule is stored, and no
+    longer offers suffix queries (the dynamic package's prefill takes square prompts only)."""
+    from sas.codegen.compile import compile_pattern
+
+    rep = compile_pattern(h2o_on(Diag(0, 6), 3), tmp_path / "k", max_len=1 << 30, head_dim=16)
+    assert rep["region_table_period"] == 1 and rep["region_table_rows"] < 16
+    md = (tmp_path / "k" / "report.md").read_text()
+    assert f"listed for the first {rep['region_table_rows']} keys and queries" in md
+    assert "at most 1 key enters per decode step" in md and "build_tiles" not in md

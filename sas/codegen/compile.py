@@ -502,15 +502,17 @@ def _usage_lines(r: dict[str, Any]) -> list[str]:
         "```",
         "",
         f"Prefill tiles: `plan.pt` holds the tile schedule for {r['max_len']} x {r['max_len']} as runs of key "
-        f"blocks per query block ({r['prefill']['schedule_runs']} runs, {r['prefill']['plan_file_bytes']} bytes)"
+        f"blocks per query block ({r['prefill']['schedule_runs']} runs; plan.pt {r['prefill']['plan_file_bytes']} "
+        f"bytes in all)"
         + (f", listed for the first {r['prefill']['schedule_rows']} query blocks; each later one is the query block "
            f"{per['query_blocks']} before it with its key blocks from {per['fixed_key_blocks']} on moved "
            f"{per['key_blocks']} to the right (the pattern repeats)"
            if (per := r['prefill'].get('schedule_period')) else "") + ". "
         "A prompt of length L <= max_len (queries = keys) uses its first query blocks with the runs clipped to L "
         "(exact: partial tiles test the mask cell by cell; a full tile of a ragged last key block becomes "
-        "partial). Queries that are a suffix of the keys (Lq < Lk) recompute their tiles from the generated mask "
-        "predicate on the device (`build_tiles` in prefill.py, O(Lq x Lk) evaluations).",
+        "partial)." + ("" if r.get("dynamic") else
+                       " Queries that are a suffix of the keys (Lq < Lk) recompute their tiles from the generated "
+                       "mask predicate on the device (`build_tiles` in prefill.py, O(Lq x Lk) evaluations)."),
         "",
         "Rows that attend no key get output 0.",
         "",
@@ -572,8 +574,14 @@ def _dynamic_markdown(r: dict[str, Any]) -> str:
         "## KV cache",
         "",
         f"- slots: {r['cache_size']} = {r['static_slots']} static + {r['pool_slots']} pool "
-        f"(dense: {r['dense_cache_size']}); at most {r['max_entering_per_step']} keys enter per decode step",
+        f"(dense: {r['dense_cache_size']}); at most {r['max_entering_per_step']} "
+        f"{'key enters' if r['max_entering_per_step'] == 1 else 'keys enter'} per decode step",
         f"- bytes: {r['kv_cache_bytes']} (dense: {r['dense_kv_cache_bytes']})",
+        "- region schedule (`plan.pt`): each key's first and last region query and the keys entering at each "
+        "query, " + (f"listed for the first {r['region_table_rows']} keys and queries; later ones repeat them "
+                     f"every {r['region_table_period']} position{'s' if r['region_table_period'] != 1 else ''}, "
+                     f"moved by the period" if r["region_table_period"]
+                     else f"listed for all {r['region_table_rows']} positions (per token)"),
         "",
         *_usage_lines(r),
         "## Prefill (the Dynamic as its whole region)",

@@ -35,7 +35,7 @@ from sas.errors import AnalysisError, EmptyPatternError, NotYetSupportedError, P
 from sas.ir.periodicity import structure
 from sas.lang.ops import Fraction
 from sas.lang.pattern import MAX_INDEX, Pattern
-from sas.limits import check_host_bytes
+from sas.limits import check_host_bytes, format_bytes, host_table_limit
 
 #: host bytes per position of the region schedule and its temporaries (int64 / int32 arrays)
 SCHEDULE_BYTES_PER_TOKEN = 160
@@ -200,9 +200,12 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
         why = ("refresh=True keeps every candidate, some of them to the end of the sequence, counted per token"
                if plan.refresh and plan.columns is not None else "its region has no periodic description")
         if n > SCHEDULE_LIMIT:
+            most = min(SCHEDULE_LIMIT, host_table_limit() // SCHEDULE_BYTES_PER_TOKEN)
             raise PatternError(f"max_len={n} is too long for the dynamic runtime here: {why}, so its region "
                                f"schedule is per token, which is limited to max_len <= {SCHEDULE_LIMIT} "
-                               f"({SCHEDULE_LIMIT * 8 // 2**20} MiB per table)")
+                               f"({SCHEDULE_LIMIT * 8 // 2**20} MiB per table) and to {SCHEDULE_BYTES_PER_TOKEN} "
+                               f"bytes a token within the host-table limit of {format_bytes(host_table_limit())} "
+                               f"(SAS_HOST_TABLE_LIMIT): max_len <= {most} here")
         check_host_bytes(f"the region schedule of a dynamic pattern at max_len={n} (per-token tables: {why})",
                          SCHEDULE_BYTES_PER_TOKEN * n, "use a smaller max_len")
     try:
