@@ -101,12 +101,14 @@ def test_ragged_lengths_list_a_tile_once():
     check_lengths(Diag(-100, 140), 1024, 64, 32, (200, 1000))
 
 
-def test_prefill_over_a_derived_ragged_schedule_equals_dense():
+@pytest.mark.parametrize("p", [Diag(-100, 140), Rect(rows=(0, 3)) + Rect(cols=(0, 3)) + Diag(-30, 61)],
+                         ids=["band", "global+band"])
+def test_prefill_over_a_derived_ragged_schedule_equals_dense(p):
     import math
 
     from sas.runtime import SASAttnKernel
 
-    p, n = Diag(-100, 140), 200
+    n = 200
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
     out = SASAttnKernel(p, max_len=1024).prefill(q.to(DEV), k.to(DEV), v.to(DEV)).float().cpu()
@@ -115,13 +117,34 @@ def test_prefill_over_a_derived_ragged_schedule_equals_dense():
 
 
 def test_no_period_where_cells_run_right():
-    # a row attending every later key: no bound right of the diagonal, so no period
-    assert right_bound(Rect(rows=(0, 2)) + Causal()) is None
-    assert tile_period(Rect(rows=(0, 2)) + Causal(), 1 << 20, 64, 64) is None
+    # every row attending every key: no bound right of the diagonal past the boundary, no period
+    assert right_bound(Rect()) is None and tile_period(Rect(), 1 << 20, 64, 64) is None
     assert right_bound(Causal()) == 1
     assert right_bound(BAND) == 21
     # the first rows reach the length: the explicit schedule is no larger
     assert tile_period(CHUNKED, 96 * 2, 16, 16) is None
+    # early rows whose far tiles alternate (every third key, one-key tiles): no finite runs
+    strided_rows = Rect(rows=(0, 2)) * Rect(stride=(1, 3)) + Causal()
+    assert tile_period(strided_rows, 1 << 20, 1, 1) is None
+    assert tile_period(strided_rows, 1 << 20, 4, 3) is not None     # one partial tile every 3 keys
+
+
+GLOBAL = [Rect(rows=(0, 4)) + Causal(),                                  # global rows (prefix tokens)
+          Rect(rows=(0, 3)) + Rect(cols=(0, 3)) + Diag(-8, 17),          # Longformer: global + both-sided window
+          Rect(rows=(0, 2)) * Rect(stride=(1, 3)) + Causal()]            # strided global rows
+
+
+@pytest.mark.parametrize("p", GLOBAL)
+def test_rows_open_to_the_end(p):
+    """Early rows attending every later key (global tokens) store runs open to the end: the
+    schedule of any length from a few rows (before: classified row by row, plan.pt growing with
+    max_len, `sas compile` at 2^30 refused)."""
+    for bm, bn in ((16, 8), (4, 3)):
+        check_lengths(p, 2000, bm, bn, (16, 100, 203, 1000, 1337, 2000))
+    period = tile_period(p, 1 << 30, 64, 64)
+    assert period is not None and period.rows <= 8
+    c = schedule_counts(schedule_tensors(period, 1 << 30))
+    assert c["total"] == (1 << 24) ** 2
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

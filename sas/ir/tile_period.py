@@ -21,10 +21,14 @@ fixed)` moved by `j * period_n` for j = 1 .. k - 1; and r's key blocks from `fix
 on moved by `k * period_n` (`sas.runtime.standalone.schedule_rows` does this on the device's
 terms, `schedule_counts` counts the tiles in closed form).
 
-The rows of the unbounded problem must be finite for that: every cell lies left of `i + U`
-(U = max(Dh, 1), checked over one period of rows and one horizontal period of keys). Patterns
-without such a description (no periodic structure, cells arbitrarily far right of the
-diagonal, a period whose prefix is longer than the schedule) keep `tile_runs`.
+The rows past the boundary must be finite for that: every cell (i, j) with i >= T lies left of
+`i + U` (U = max(Dh, 1), checked over one period of rows and one horizontal period of keys).
+Rows before T may reach every later key (global tokens: `Rect(rows=(0, g))`): past
+`max(T, i + Dh)` a row repeats every Qh keys (the horizontal guarantee), so where the tiles of a
+stored query block are of one class over a horizontal tile period there, its run is open to the
+end (stop `OPEN`, clipped to the length like any run). Patterns without such a description (no
+periodic structure, rows past T with cells arbitrarily far right of the diagonal, an early row
+whose far tiles alternate, a period whose prefix is longer than the schedule) keep `tile_runs`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ from sas.lang.pattern import Pattern
 #: rows of the structure's window read to prove that no cell lies far right of the diagonal
 #: (the analysis' limit on the rows it reads)
 CHECK_ROWS = 1 << 20
+#: the stop of a run open to the end of every row (an early row attending every later key)
+OPEN = (1 << 31) - 1
+#: key blocks of one horizontal tile period read at most to find an early row's far tiles
+MAX_TAIL_BLOCKS = 1 << 12
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,16 +84,16 @@ def _ceil(a: int, b: int) -> int:
 
 @lru_cache(maxsize=4096)
 def right_bound(pattern: Pattern) -> int | None:
-    """U >= 1 with every attended cell (i, j) at j < i + U, from the periodic structure alone;
-    None when the pattern has no such bound (cells arbitrarily far right of the diagonal) or no
-    periodic structure."""
+    """U >= 1 with every attended cell (i, j) of a row i >= T at j < i + U, from the periodic
+    structure alone; None when the pattern has no such bound (rows past the boundary with cells
+    arbitrarily far right of the diagonal) or no periodic structure."""
     st = structure(pattern)
     if not st.periodic or st.T + st.P > CHECK_ROWS:
         return None
     u = max(st.Dh, 1)
     # Rows past T repeat diagonally onto rows T .. T + P - 1 (a cell right of i + U stays right
     # of it); keys past max(T, i + Dh) repeat every Qh: one horizontal period per row decides.
-    i = np.arange(st.T + st.P, dtype=np.int64)
+    i = np.arange(st.T, st.T + st.P, dtype=np.int64)
     lo = i + u
     try:
         runs = line_runs(pattern, ROW, i, lo, np.maximum(lo, st.T) + st.Qh)
@@ -110,9 +118,31 @@ def tile_period(pattern: Pattern, length: int, block_m: int, block_n: int) -> Ti
     if u is None:
         return None
     q_len = rows * block_m
-    k_len = _ceil(q_len + u, block_n) * block_n        # every cell of the rows: j < q_len - 1 + u
-    base = tile_runs(pattern, q_len, k_len, block_m, block_n, 0)
-    return TilePeriod(base, period_m, period_n, fixed)
+    # from key block `tail` on, a stored query block's tiles repeat every `h` key blocks (the
+    # horizontal guarantee: keys past T and past i + Dh), and rows past T have no cell there
+    tail = _ceil(max(st.T, q_len - 1 + u), block_n)
+    h = lcm(st.Qh, block_n) // block_n
+    if h > MAX_TAIL_BLOCKS:
+        return None
+    base = tile_runs(pattern, q_len, (tail + h) * block_n, block_m, block_n, 0)
+    base = _open_tails(base, tail)
+    return None if base is None else TilePeriod(base, period_m, period_n, fixed)
 
 
-__all__ = ["CHECK_ROWS", "TilePeriod", "right_bound", "tile_period"]
+def _open_tails(base: TileRuns, tail: int) -> TileRuns | None:
+    """`base` with the run of each query block whose tiles from key block `tail` to the end are
+    of one class (full or partial) made open to the end (stop OPEN); None where a query block's
+    tiles there are of more than one class (they alternate forever: no finite runs)."""
+    end = base.num_k_blocks
+    arrays = []
+    for ptr, runs in ((base.full_ptr, base.full_runs), (base.part_ptr, base.part_runs)):
+        covers = (runs[:, 0] <= tail) & (runs[:, 1] == end)        # the whole tail, to the end
+        if ((runs[:, 1] > tail) & ~covers).any():                  # part of the tail only
+            return None
+        runs = runs.copy()
+        runs[covers, 1] = OPEN
+        arrays += [ptr, runs]
+    return TileRuns(base.q_len, base.k_len, 0, base.block_m, base.block_n, *arrays)
+
+
+__all__ = ["CHECK_ROWS", "MAX_TAIL_BLOCKS", "OPEN", "TilePeriod", "right_bound", "tile_period"]
