@@ -216,10 +216,14 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
         raise NotYetSupportedError(
             f"the static part {plan.static!r} needs table-driven cache functions at max_len={n}; the "
             f"dynamic runtime needs closed forms (choose max_len as a multiple of the pattern's period)")
-    # the handoff: the static part keeps each key until the region takes it over
+    # the spans of the keys the handoff check and the tables read (one pass: per token where the
+    # tables are); a key enters at its own query or later, so the first `size` queries' entering
+    # keys are among the first `size` keys
     m = _handoff_keys(plan, static, n)
+    spans = plan.candidate_span(n, np.arange(max(m, size), dtype=np.int64))
+    # the handoff: the static part keeps each key until the region takes it over
     j = np.arange(m, dtype=np.int64)
-    first, _ = plan.candidate_span(n, j)
+    first = spans[0][:m]
     if static is not None:
         try:
             s_last = np.asarray(static.last_use(j), dtype=np.int64)
@@ -239,9 +243,7 @@ def dynamic_cache_plan(pattern: Pattern | DynamicPlan, max_len: int) -> DynamicC
             f"the runtime copies a key from the static cache to the dynamic pool when it becomes a candidate, "
             f"so the region must start before the static part lets the key go (e.g. Diag(0, W) + Diag(W, None) * Dynamic(...), or "
             f"static + (Causal() * ~static) * Dynamic(...))")
-    # the first `size` keys' spans and the keys entering at the first `size` queries (a key
-    # enters at its own query or later, so those are keys below `size`)
-    first, last = plan.candidate_span(n, np.arange(size, dtype=np.int64))
+    first, last = spans[0][:size], spans[1][:size]
     keys = np.flatnonzero((first >= 0) & (first < size))
     order = np.argsort(first[keys], kind="stable")
     enter_keys = keys[order].astype(np.int32)

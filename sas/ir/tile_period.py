@@ -102,9 +102,12 @@ def right_bound(pattern: Pattern) -> int | None:
     return None if len(runs) else u
 
 
+@lru_cache(maxsize=64)
 def tile_period(pattern: Pattern, length: int, block_m: int, block_n: int) -> TilePeriod | None:
     """The periodic form of the `length x length` schedule (module doc), or None where the
-    pattern has none or its first rows reach `length` (then `tile_runs` is no larger)."""
+    pattern has none or its first rows reach `length` (then `tile_runs` is no larger). Kept for
+    the launch choice's tile counts and the plan that then takes it (its arrays are not
+    written)."""
     st = structure(pattern)
     if not st.periodic:
         return None

@@ -83,6 +83,14 @@ def _rows_of(ptr: torch.Tensor, runs: torch.Tensor, nrows: int) -> tuple[torch.T
     return rows, runs[:n, 0], runs[:n, 1]
 
 
+def _ranks(counts: torch.Tensor) -> torch.Tensor:
+    """0 .. c - 1 for each count c, in one tensor: each item's place in its group (the key
+    blocks of a run, the runs of a row, the copies of a band)."""
+    counts = counts.to(torch.int64)
+    return (torch.arange(int(counts.sum()), dtype=torch.int64, device=counts.device)
+            - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts))
+
+
 def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor, lo: int,
                  hi: int, copies: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(row, start, stop) of the runs of query blocks lo .. hi - 1 (lo at or past the stored
@@ -101,11 +109,9 @@ def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor
     r = base - pm + (m - base) % pm
     k = (m - r) // pm
     count = ptr[r + 1] - ptr[r]
-    total = int(count.sum())
     row = torch.repeat_interleave(m, count)
     k = torch.repeat_interleave(k, count)
-    first = torch.repeat_interleave(ptr[r] - (torch.cumsum(count, 0) - count), count)
-    runs = runs.to(torch.int64)[first + torch.arange(total, dtype=torch.int64)]
+    runs = runs.to(torch.int64)[torch.repeat_interleave(ptr[r], count) + _ranks(count)]
     a, b = runs[:, 0], runs[:, 1]
     band_a, band_b = a.clamp(min=fixed - pn), b.clamp(max=fixed)
     # the band's copies j = 1 .. k - 1: one run where a run spans the band, else one per copy
@@ -118,9 +124,7 @@ def _period_rows(schedule: dict[str, Any], ptr: torch.Tensor, runs: torch.Tensor
     whole = has & (band_a == fixed - pn) & (band_b == fixed)
     some = has & ~whole
     n_copies = k[some] - 1
-    j = torch.arange(int(n_copies.sum()), dtype=torch.int64) - torch.repeat_interleave(
-        torch.cumsum(n_copies, 0) - n_copies, n_copies) + 1
-    shift = j * pn
+    shift = (_ranks(n_copies) + 1) * pn                      # copy j = 1 .. k - 1 moves j periods
     return (torch.cat([row, row[whole], torch.repeat_interleave(row[some], n_copies), row]),
             torch.cat([a, torch.full_like(row[whole], fixed), torch.repeat_interleave(band_a[some], n_copies) + shift,
                        band_a + k * pn]),
@@ -188,9 +192,7 @@ def expand_runs(ptr: torch.Tensor, runs: torch.Tensor) -> tuple[torch.Tensor, to
     cum = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=runs.device)
     cum[1:] = torch.cumsum(lengths, 0)
     rowptr = cum[ptr.to(torch.int64)]
-    total = int(cum[-1])
-    first = torch.repeat_interleave(cum[:-1], lengths)
-    cols = torch.repeat_interleave(runs[:, 0], lengths) + torch.arange(total, device=runs.device) - first
+    cols = torch.repeat_interleave(runs[:, 0], lengths) + _ranks(lengths)
     return rowptr.to(torch.int32), cols.to(torch.int32)
 
 
