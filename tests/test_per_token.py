@@ -240,9 +240,24 @@ WITH_SINK = ((Rect(size=(3, 2)) >> Diag(0, 2)) + Rect(cols=(0, 1))) * Causal()
 
 def test_tables_are_refused_for_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "1M")
-    with pytest.raises(KernelError, match=r"per-token slot table .* max_len=65536 .*SAS_HOST_TABLE_LIMIT"):
+    with pytest.raises(KernelError, match=r"has no known period, so the per-token slot table .* max_len=65536 .*at "
+                                          r"most 21845, or raise SAS_HOST_TABLE_LIMIT"):
         analyze(WITH_SINK, 1 << 16)
     assert not analyze(WITH_SINK, 1 << 12).closed_form
+    # periodic, without a closed form from its period below the padding's length: its last uses decide
+    with pytest.raises(KernelError, match=r"no closed form of its 29998-slot cache follows from its period .*so the "
+                                          r"per-token slot table .* max_len=30000 "):
+        analyze(Diag(2, None) * Causal(), 30000)
+
+
+def test_a_period_past_the_shapes_limit_is_named_when_its_table_is_refused() -> None:
+    """Chunks of 2^23 tokens at max_len 2^26: the period (8M column classes) is past the periodic
+    analysis' limit, and the per-token table at that length past the host's. The refusal names the
+    period and the largest max_len the table may have (before: it blamed max_len alone)."""
+    chunks = (Rect(size=(1 << 23, 1 << 23)) >> Diag(0, 1)) * Causal()
+    with pytest.raises(KernelError, match=r"periodic analysis stopped at its limit \(period 8388608.*so the per-token "
+                                          r"slot table .* at most 22369621, or raise SAS_HOST_TABLE_LIMIT"):
+        analyze(chunks, 1 << 26)
 
 
 def test_a_ring_too_large_for_the_padding_leaves_the_table() -> None:

@@ -49,9 +49,13 @@ PER_TOKEN_FIRST_RUNS = 1 << 22
 TABLE_BYTES_PER_TOKEN = 48
 
 
-def _check_table_bytes(pattern: Pattern, n: int) -> None:
-    check_host_bytes(f"the per-token slot table of {pattern!r} at max_len={n}", TABLE_BYTES_PER_TOKEN * n,
-                     "give a smaller max_len, or raise SAS_HOST_TABLE_LIMIT")
+def _check_table_bytes(pattern: Pattern, n: int, why: str = "") -> None:
+    """Refuse a per-token slot table over the host limit, saying why the pattern needs one (`why`,
+    e.g. a period too long for the periodic analysis) and the largest max_len the limit allows."""
+    most = host_table_limit() // TABLE_BYTES_PER_TOKEN
+    check_host_bytes(f"{why + ', so ' if why else ''}the per-token slot table of {pattern!r} at max_len={n}",
+                     TABLE_BYTES_PER_TOKEN * n,
+                     f"give a max_len of at most {most}, or raise SAS_HOST_TABLE_LIMIT")
 
 
 def _host_allows(n: int) -> bool:
@@ -210,15 +214,15 @@ def _per_token_scheme(L: np.ndarray, n: int, padded: Scheme | None = None,
     return table if table is not None else greedy_table(L), size, None, [note]
 
 
-def _per_token_first(pattern: Pattern, n: int,
-                     user_pattern: Pattern) -> tuple[Scheme, int, int | None, list[str]] | None:
+def _per_token_first(pattern: Pattern, n: int, user_pattern: Pattern,
+                     why: str) -> tuple[Scheme, int, int | None, list[str]] | None:
     """`_per_token_scheme` for a periodic pattern whose column shapes would be costly, or None
     where the per-token search stops at its own limit (the column shapes are then built)."""
     try:
         L = per_token_last_use(pattern, n)
     except AnalysisLimitError:
         return None
-    _check_table_bytes(user_pattern, n)
+    _check_table_bytes(user_pattern, n, why)
     return _per_token_scheme(L, n)
 
 
@@ -249,6 +253,7 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
     cols: ColumnShapes | None = None
     scheme: Scheme | None = None
     per_token_why = "pattern has no known period: analysed per token"
+    table_why = "the pattern has no known period"
     minimal: int | None = None          # set where the slot scheme needs more than the minimal size
     if st.periodic:
         try:
@@ -268,7 +273,10 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                     f"analyze: pattern {user_pattern!r} is not causal (query {bad[0]} attends key {bad[1]}); "
                     f"decode analysis needs j <= i everywhere: multiply it by Causal()")
             runs = estimated_runs(pattern, st) if st.periodic else 0.0
-            first = _per_token_first(pattern, n, user_pattern) if runs > PER_TOKEN_FIRST_RUNS else None
+            first = (_per_token_first(pattern, n, user_pattern,
+                                      f"its column shapes (period {st.P}, boundary {st.T}) would need about "
+                                      f"{runs:.3g} runs, more than the periodic analysis takes ({PER_TOKEN_FIRST_RUNS})")
+                     if runs > PER_TOKEN_FIRST_RUNS else None)
             if first is not None:
                 scheme, size, minimal, more = first
                 peak = 0
@@ -292,7 +300,8 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
                     else:
                         # the keys' last uses (as many entries as the table, which they decide
                         # on): a ring of the minimal size, or a smaller padded one, may fit them
-                        _check_table_bytes(user_pattern, n)
+                        _check_table_bytes(user_pattern, n, f"no closed form of its {size}-slot cache follows from "
+                                                            f"its period (the keys' last uses decide per token)")
                         scheme, size, minimal, more = _per_token_scheme(cols.last_use(np.arange(n), n), n,
                                                                         padded, size)
                         notes += more
@@ -301,9 +310,10 @@ def analyze(pattern: Pattern, max_len: int) -> Analysis:
             # lattices whose strides multiply to about max_len): the keys' last uses per token
             per_token_why = (f"the periodic analysis (period {st.P}, boundary {st.T}) stopped at its limit: "
                              f"analysed per token instead ({e})")
+            table_why = f"the periodic analysis stopped at its limit (period {st.P}, boundary {st.T}: {e})"
             st, cols, minimal, scheme = NON_PERIODIC, None, None, None
     if not st.periodic and cols is None and scheme is None:
-        _check_table_bytes(user_pattern, n)
+        _check_table_bytes(user_pattern, n, table_why)
         bad = non_causal_cell(pattern, n)
         if bad is not None:
             raise AnalysisError(
