@@ -423,17 +423,19 @@ def test_a_model_with_sas_attention_copies_and_saves(tmp_path):
     for pattern, backend in (((Rect(cols=(0, 2)) + Diag(0, 4)) * Causal(), "torch"),
                              (Diag(0, 4) + Diag(4, None) * Dynamic(budget=3, score=ops.attn_score().sum(dim=1)),
                               "triton")):
-        model = sas_attention(tiny(), pattern, backend=backend, max_len=64)
-        want = model.generate(ids, max_new_tokens=3, do_sample=False)
+        dev = DEV if backend == "triton" else "cpu"
+        model = sas_attention(tiny().to(dev), pattern, backend=backend, max_len=64)
+        want = model.generate(ids.to(dev), max_new_tokens=3, do_sample=False).cpu()
         path = tmp_path / "model.pt"
         torch.save(model, path)
         for twin in (copy.deepcopy(model), torch.load(path, weights_only=False)):
             assert twin._prepare_cache_for_generation.model is twin          # the copy's own, not the original's
-            assert torch.equal(twin.generate(ids, max_new_tokens=3, do_sample=False), want), (pattern, backend)
+            assert torch.equal(twin.generate(ids.to(dev), max_new_tokens=3, do_sample=False).cpu(), want), \
+                (pattern, backend)
     # in a fresh process (where sas_attention never ran): unpickling imports sas's integration,
     # which registers the "sas" attention (before: KeyError, not a valid attention implementation)
     torch.save(ids, tmp_path / "ids.pt")
-    code = ("import torch; m = torch.load({m!r}, weights_only=False); ids = torch.load({i!r}); "
+    code = ("import torch; m = torch.load({m!r}, weights_only=False); ids = torch.load({i!r}).to(m.device); "
             "print(m.generate(ids, max_new_tokens=3, do_sample=False).tolist())").format(
         m=str(path), i=str(tmp_path / "ids.pt"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),

@@ -44,20 +44,20 @@ def test_only_the_torch_backend_is_differentiable():
     """backend='torch' keeps autograd (its gradient equals the float64 reference's); the Triton
     backend, which has no backward pass, refuses inputs that require grad while gradients are
     recorded, and runs them under torch.no_grad()."""
-    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 10, 16, dtype=torch.float32, seed=5))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 10, 16, dtype=torch.float32, device=DEV, seed=5))
     out = SASAttnKernel(STREAMING, max_len=32, backend="torch")(q, k, v)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
     ref = reference_attention(STREAMING, q64, k64, v64)
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    got = torch.autograd.grad((out * w).sum(), (q, k, v))
+    got = torch.autograd.grad((out * w.to(DEV)).sum(), (q, k, v))
     want = torch.autograd.grad((ref * w.double()).sum(), (q64, k64, v64))
     for g, r in zip(got, want):
-        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(g.double().cpu(), r, rtol=1e-4, atol=1e-5)
     triton = SASAttnKernel(STREAMING, max_len=32, backend="triton")
     with pytest.raises(KernelError, match="q requires grad"):
         triton(q, k, v)
     with torch.no_grad():
-        assert rel_error(triton(q, k, v), ref.detach()) < 1e-4
+        assert rel_error(triton(q, k, v).cpu(), ref.detach()) < 1e-4
 
 
 def test_max_len_may_be_a_numpy_integer():

@@ -246,14 +246,14 @@ def test_bad_input_raises_before_any_kernel():
         SASAttnKernel(odd, other_inputs=other_inputs(layer), max_len=64)
     # state for other heads / head dim than the step's tensors
     kern = SASAttnKernel(saap_pattern(1, 6, 2), other_inputs=other_inputs(layer), max_len=64)
-    q, k, v = inputs(1, 3, 3, 8, 16)
+    q, k, v = (t.to(DEV) for t in inputs(1, 3, 3, 8, 16))
     with pytest.raises(KernelError, match="centroids"):
         kern.prefill(q, k, v)
     with pytest.raises(KernelError, match="prefill"):
         kern.dynamic.decoder.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1])
     # index vectors (pre-RoPE q / k) of another shape, dtype or type: refused, the state unchanged
     # (before: a raw einsum / bmm RuntimeError from inside the step)
-    q, k, v = inputs(1, 4, 2, 9, 16)
+    q, k, v = (t.to(DEV) for t in inputs(1, 4, 2, 9, 16))
     kern.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
     one = [t[:, :, 8:9] for t in (q, k, v)]
     for kw, name in (({"q_index": one[0][..., :5]}, "q_index"), ({"k_index": one[1][:, :1]}, "k_index"),
@@ -266,6 +266,19 @@ def test_bad_input_raises_before_any_kernel():
                                             for n, x in kw.items()})
     assert kern.length == 8
     assert kern.dynamic.decode(*one, q_index=one[0], k_index=one[1]).shape == (1, 4, 1, 16)
+
+
+def test_tensors_off_cuda_are_refused_without_the_interpreter(monkeypatch):
+    """CPU tensors without TRITON_INTERPRET=1: a KernelError naming the device before any work
+    (before: the prompt was taken, then the first decode failed in Triton's driver with "Pointer
+    argument cannot be accessed from Triton")."""
+    layer = random_layer(2, 8, 16)
+    kern = SASAttnKernel(saap_pattern(1, 6, 2), other_inputs=other_inputs(layer), max_len=64)
+    q, k, v = inputs(1, 4, 2, 9, 16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(KernelError, match="q is on cpu.*TRITON_INTERPRET=1"):
+        kern.prefill(q, k, v)
+    assert kern.dynamic.state is None
 
 
 # --- the state file ----------------------------------------------------------------------------

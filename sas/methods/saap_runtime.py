@@ -118,6 +118,11 @@ class SaapDecoder:
                               f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         if q.shape[1] % k.shape[1] or q.shape[3] != k.shape[3] or q.shape[0] != k.shape[0]:
             raise KernelError(f"{where}: q {tuple(q.shape)} does not group onto k {tuple(k.shape)}")
+        if not q.device == k.device == v.device:
+            raise KernelError(f"{where}: q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+        if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise KernelError(f"{where}: q is on {q.device}; the Saap kernels run on CUDA tensors (or on the CPU "
+                              f"with TRITON_INTERPRET=1 set before triton is imported)")
         self.layer.check(k.shape[1], k.shape[3], where)
         # the index vectors (pre-RoPE q and k, what the state was trained on) stand in for q and k
         for name, idx, like in (("q_index", q_index, q), ("k_index", k_index, k)):

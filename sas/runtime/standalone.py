@@ -363,7 +363,6 @@ class StaticKernel:
         mod = self._decoder("fill_cache")
         check_fill("fill_cache", k, v, k_cache, v_cache, max(1, int(mod.CACHE_SIZE)), self.max_len,
                    names=("k_cache", "v_cache"), new_cache="new_cache(...)")
-        check_device("fill_cache", k)
         mod.fill_cache(k, v, k_cache, v_cache)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
