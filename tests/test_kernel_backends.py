@@ -60,6 +60,30 @@ def test_only_the_torch_backend_is_differentiable():
         assert rel_error(triton(q, k, v).cpu(), ref.detach()) < 1e-4
 
 
+def test_the_torch_backend_takes_float64_as_its_executor_does():
+    """SASAttnKernel(backend='torch') takes the dtypes of TorchExecutor, float64 included (a
+    reference in double precision): prefill, decode, the functional step and new_cache / fill_cache
+    give the float64 reference; the Triton backend refuses float64 naming the dtypes it takes
+    (before: the torch backend refused float64 while its executor took it)."""
+    q, k, v = qkv(1, 2, 1, 12, 16, dtype=torch.float64, seed=3)
+    kern = SASAttnKernel(STREAMING, max_len=32, backend="torch")
+    assert kern.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11]).dtype == torch.float64
+    out = kern.decode(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:])
+    want = reference_attention(STREAMING, q, k, v)[:, :, 11:]
+    assert out.dtype == torch.float64 and rel_error(out, want) < 1e-12
+    kc, vc = kern.new_cache(1, 1, 16, torch.float64)
+    kern.fill_cache(k[:, :, :11], v[:, :, :11], kc, vc)
+    assert rel_error(kern(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], kc, vc, position=11), want) < 1e-12
+    with pytest.raises(KernelError, match="q has unsupported dtype torch.int32; supported: float16, bfloat16, "
+                                          "float32, float64"):
+        kern.prefill(q.int(), k.int(), v.int())
+    with pytest.raises(KernelError, match="q has unsupported dtype torch.float64; supported: bfloat16, float16, "
+                                          "float32$"):
+        SASAttnKernel(STREAMING, max_len=32).prefill(q, k, v)
+    with pytest.raises(KernelError, match="dtype must be one of bfloat16, float16, float32"):
+        SASAttnKernel(STREAMING, max_len=32).new_cache(1, 1, 16, torch.float64)
+
+
 def test_max_len_may_be_a_numpy_integer():
     """As in sas.analyze: a numpy integer max_len (e.g. from an array of lengths) is a length."""
     import numpy as np

@@ -14,9 +14,13 @@ from sas.errors import KernelError
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def check_tensors(where: str, **tensors: torch.Tensor) -> None:
-    """Each argument a 4-D tensor [batch, heads, seq, head_dim]; all of one supported dtype and
-    one device, with one batch size and one head_dim."""
+def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensors(where: str, dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES, **tensors: torch.Tensor) -> None:
+    """Each argument a 4-D tensor [batch, heads, seq, head_dim]; all of one dtype of `dtypes` (the
+    executor's) and one device, with one batch size and one head_dim."""
     first_name, first = None, None
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -31,9 +35,9 @@ def check_tensors(where: str, **tensors: torch.Tensor) -> None:
                               f"device that runs the kernels")
         if first is None:
             first_name, first = name, t
-            if t.dtype not in SUPPORTED_DTYPES:
-                raise KernelError(f"{where}: {name} has unsupported dtype {t.dtype}; supported: bfloat16, float16, "
-                                  f"float32")
+            if t.dtype not in dtypes:
+                raise KernelError(f"{where}: {name} has unsupported dtype {t.dtype}; supported: "
+                                  f"{_dtype_names(dtypes)}")
             continue
         if t.dtype != first.dtype:
             raise KernelError(f"{where}: {name} has dtype {t.dtype} but {first_name} has {first.dtype}; all tensors "
@@ -47,10 +51,11 @@ def check_tensors(where: str, **tensors: torch.Tensor) -> None:
             raise KernelError(f"{where}: {name} has head_dim {t.shape[3]} but {first_name} has {first.shape[3]}")
 
 
-def check_qkv(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] of one shape, Hq a multiple of Hkv, no empty
-    sequence."""
-    check_tensors(where, q=q, k=k, v=v)
+def check_qkv(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES) -> None:
+    """q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] of one shape and one dtype of `dtypes`, Hq a
+    multiple of Hkv, no empty sequence."""
+    check_tensors(where, dtypes, q=q, k=k, v=v)
     if k.shape != v.shape:
         raise KernelError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     hq, hkv = q.shape[1], k.shape[1]
@@ -94,12 +99,13 @@ def check_geometry(where: str, batch: object, num_kv_heads: object, head_dim: ob
 
 
 def check_new_cache(where: str, batch: object, num_kv_heads: object, head_dim: object, dtype: object,
-                    device: object) -> tuple[tuple[int, int, int], torch.device | None]:
+                    device: object, dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES
+                    ) -> tuple[tuple[int, int, int], torch.device | None]:
     """The arguments of new_cache: (batch, num_kv_heads, head_dim) as ints and the device (None:
-    torch's default)."""
+    torch's default); the dtype one of `dtypes`."""
     geometry = check_geometry(where, batch, num_kv_heads, head_dim)
-    if dtype not in SUPPORTED_DTYPES:
-        raise KernelError(f"{where}: dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
+    if dtype not in dtypes:
+        raise KernelError(f"{where}: dtype must be one of {_dtype_names(dtypes)}, got {dtype!r}")
     if device is None:
         return geometry, None
     try:
@@ -111,10 +117,10 @@ def check_new_cache(where: str, batch: object, num_kv_heads: object, head_dim: o
 
 def check_fill(where: str, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                slots: int, max_len: int, names: tuple[str, str] = ("past_k", "past_v"),
-               new_cache: str = "kernel.new_cache(...)") -> None:
+               new_cache: str = "kernel.new_cache(...)", dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES) -> None:
     """The arguments of fill_cache: a prompt's k, v [B, Hkv, L, D] (one shape, L <= max_len) and
-    compact caches that match them (`check_cache`), all of one dtype and device."""
-    check_tensors(where, k=k, v=v, **dict(zip(names, (k_cache, v_cache))))
+    compact caches that match them (`check_cache`), all of one dtype of `dtypes` and one device."""
+    check_tensors(where, dtypes, k=k, v=v, **dict(zip(names, (k_cache, v_cache))))
     if k.shape != v.shape:
         raise KernelError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     check_cache(where, k_cache, v_cache, k, slots, names=names, new_cache=new_cache)

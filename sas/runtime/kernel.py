@@ -36,8 +36,8 @@ from sas.methods.saap_dynamic import SaapDynamicRuntime, is_partition
 from sas.methods.santa_dynamic import SantaDynamicRuntime, is_sample
 from sas.methods.specattn_runtime import SpecAttnRuntime, is_top_p
 from sas.plan import Plan, make_plan
-from sas.runtime.checks import (check_cache, check_fill, check_geometry, check_new_cache, check_no_grad,
-                               check_one_token, check_position, check_qkv, check_tensors)
+from sas.runtime.checks import (SUPPORTED_DTYPES, check_cache, check_fill, check_geometry, check_new_cache,
+                               check_no_grad, check_one_token, check_position, check_qkv, check_tensors)
 from sas.runtime.dynamic import DynamicRuntime
 from sas.runtime.executor import StaticRuntime, static_runtime
 from sas.runtime.static import interpreting
@@ -70,6 +70,8 @@ class _StaticSession:
     def __init__(self, runtime: StaticRuntime, plan: Plan):
         self.runtime = runtime
         self.plan = plan
+        #: the dtypes the executor takes (the torch executor also float64)
+        self.dtypes: tuple[torch.dtype, ...] = getattr(runtime, "DTYPES", SUPPORTED_DTYPES)
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
         self.length = 0
@@ -91,8 +93,8 @@ class _StaticSession:
     def step(self, where: str, q, k, v, past_k, past_v, position) -> torch.Tensor:
         """One decode step over caller-held (or the session's) caches, every argument checked."""
         self.plan.require_decode(where)
-        check_qkv(where, q, k, v)
-        check_tensors(where, q=q, past_k=past_k, past_v=past_v)
+        check_qkv(where, q, k, v, self.dtypes)
+        check_tensors(where, self.dtypes, q=q, past_k=past_k, past_v=past_v)
         check_cache(where, past_k, past_v, k, max(1, self.plan.cache_size))
         check_one_token(where, q, k)
         position = check_position(where, position, self.plan.max_len)
@@ -101,7 +103,7 @@ class _StaticSession:
     def forward(self, q, k, v, past_k, past_v, position) -> torch.Tensor:
         where = "SASAttnKernel"
         if past_k is None and past_v is None:
-            check_qkv(where, q, k, v)
+            check_qkv(where, q, k, v, self.dtypes)
             if q.shape[2] > k.shape[2]:
                 raise KernelError(f"{where}: q has {q.shape[2]} positions but k/v only {k.shape[2]}; the "
                                   f"queries must be the last Lq <= Lk positions")
@@ -342,7 +344,7 @@ class SASAttnKernel(torch.nn.Module):
         """Attention of the prompt (q, k, v of equal length); for a causal pattern also fills
         the kernel's own compact cache with the prompt's keys and values."""
         where = "SASAttnKernel.prefill"
-        check_qkv(where, q, k, v)
+        check_qkv(where, q, k, v, self._dtypes)
         self._check_grad(where, q=q, k=k, v=v)
         if q.shape[2] != k.shape[2]:
             raise KernelError(f"{where}: q has {q.shape[2]} positions and k/v {k.shape[2]}; a prompt has one query "
@@ -377,6 +379,11 @@ class SASAttnKernel(torch.nn.Module):
         self._check_grad("SASAttnKernel", q=q, k=k, v=v, past_k=past_k, past_v=past_v)
         return self._session.forward(q, k, v, past_k, past_v, position)
 
+    @property
+    def _dtypes(self) -> tuple[torch.dtype, ...]:
+        """The dtypes this kernel's executor takes."""
+        return self._session.dtypes if isinstance(self._session, _StaticSession) else SUPPORTED_DTYPES
+
     def _check_grad(self, where: str, **tensors: Any) -> None:
         """Only backend='torch' is differentiable: elsewhere an input that requires grad, with
         gradients being recorded, is refused (`check_no_grad`)."""
@@ -393,7 +400,8 @@ class SASAttnKernel(torch.nn.Module):
         """Zeroed compact caches (k, v), each [batch, num_kv_heads, cache_size, head_dim]."""
         where = "SASAttnKernel.new_cache"
         self._static_cache(where)
-        (batch, num_kv_heads, head_dim), device = check_new_cache(where, batch, num_kv_heads, head_dim, dtype, device)
+        (batch, num_kv_heads, head_dim), device = check_new_cache(where, batch, num_kv_heads, head_dim, dtype, device,
+                                                                  self._dtypes)
         return self._session.runtime.new_cache(batch, num_kv_heads, head_dim, dtype, device)
 
     def fill_cache(self, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
@@ -401,7 +409,7 @@ class SASAttnKernel(torch.nn.Module):
         token-by-token decoding would have left them."""
         where = "SASAttnKernel.fill_cache"
         self._static_cache(where)
-        check_fill(where, k, v, past_k, past_v, max(1, self.plan.cache_size), self.max_len)
+        check_fill(where, k, v, past_k, past_v, max(1, self.plan.cache_size), self.max_len, dtypes=self._dtypes)
         self._session.runtime.fill_cache(k, v, past_k, past_v)
 
     def _static_cache(self, where: str) -> None:

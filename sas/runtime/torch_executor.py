@@ -153,6 +153,9 @@ class TorchExecutor:
     `analysis` (`sas.analyze(pattern, max_len)`); with `analysis=None` only `prefill` runs
     (patterns without a decode cache, e.g. non-causal ones)."""
 
+    #: the dtypes it takes (float64 too: a reference in double precision)
+    DTYPES = FLOAT_DTYPES
+
     def __init__(self, pattern: Pattern, analysis: Analysis | None = None, *, block_q: int = BLOCK_Q):
         if not isinstance(pattern, Pattern):
             raise KernelError(f"TorchExecutor: pattern must be a sas Pattern, got {type(pattern).__name__}")
