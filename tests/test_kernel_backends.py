@@ -84,6 +84,27 @@ def test_the_torch_backend_takes_float64_as_its_executor_does():
         SASAttnKernel(STREAMING, max_len=32).new_cache(1, 1, 16, torch.float64)
 
 
+def test_a_kernel_whose_cache_holds_an_autograd_graph_copies():
+    """After a prefill recorded by autograd (backend='torch'), copy.deepcopy and pickle take the
+    cache's values (before: torch refused to deepcopy the non-leaf cache); the copy decodes as the
+    original does, and gradients still flow through the original's cache to its prompt."""
+    import copy
+    import pickle
+
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 12, 16, dtype=torch.float32, seed=7))
+    kern = SASAttnKernel(STREAMING, max_len=32, backend="torch")
+    kern.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11])
+    assert kern.k_cache.grad_fn is not None
+    step = [t[:, :, 11:].detach() for t in (q, k, v)]
+    for twin in (copy.deepcopy(kern), pickle.loads(pickle.dumps(kern))):
+        assert twin.k_cache.grad_fn is None and twin.length == 11
+        torch.testing.assert_close(twin.decode(*step), kern.runtime.decode(*step, kern.k_cache.clone(),
+                                                                           kern.v_cache.clone(), 11), rtol=0, atol=0)
+    out = kern.decode(*step)
+    (g,) = torch.autograd.grad(out.sum(), (k,))
+    assert g[:, :, :11].abs().sum() > 0
+
+
 def test_max_len_may_be_a_numpy_integer():
     """As in sas.analyze: a numpy integer max_len (e.g. from an array of lengths) is a length."""
     import numpy as np

@@ -261,7 +261,8 @@ class SASAttnKernel(torch.nn.Module):
     # --- copies (copy.deepcopy, pickle, torch.save) --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         """A copy is built again from the plan (its compiled kernels are not copied) and gets a
-        copy of the stateful cache of a static pattern; a Dynamic pattern's kernel is copied
+        copy of the stateful cache of a static pattern (its values, without an autograd graph it may
+        hold); a Dynamic pattern's kernel is copied
         only before its first prompt (or after `reset()`): its selection state is not."""
         session = self._session
         if isinstance(session, _DynamicSession) and session.k_cache is not None:
@@ -271,7 +272,9 @@ class SASAttnKernel(torch.nn.Module):
                 "reset(), or make another with SASAttnKernel(plan=kernel.plan)")
         cache = None
         if isinstance(session, _StaticSession) and session.k_cache is not None:
-            cache = (session.k_cache, session.v_cache, session.length)
+            # the values only: a cache filled while autograd recorded (backend='torch') holds a graph
+            # that torch copies no more than it pickles; the copy's gradients start at its own inputs
+            cache = (session.k_cache.detach(), session.v_cache.detach(), session.length)
         random = self.dynamic.random if isinstance(self.dynamic, SantaDynamicRuntime) else None
         return {"plan": self.plan, "other_inputs": self.other_inputs, "backend": self.backend, "build": self._build,
                 "cache": cache, "random": random, "training": self.training}
