@@ -21,7 +21,10 @@ matching first and every prefill hash unchanged; and on 2026-11-28 after the dec
 the new token's slot out of its slot loop (one online-softmax column after the loop) and the
 query groups' split rule gained one split for a single wave, once every hash of the previous
 template had matched, every prefill hash unchanged; and again the same night after the module's
-`decode` capped fp32 at FP32_MAX_STAGES by default, the previous hashes matching first)."""
+`decode` capped fp32 at FP32_MAX_STAGES by default, the previous hashes matching first; and on
+2026-11-28 (afternoon) for three sink-only patterns (`Rect(rows=(5, None), cols=(None, m))`),
+whose boundary keys now take one ring instead of fixed prefix slots (`KeySet.unrank` past the last
+member): only their decode hashes changed, every other hash matched)."""
 
 from __future__ import annotations
 

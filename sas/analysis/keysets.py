@@ -16,6 +16,10 @@ import numpy as np
 from sas.analysis.expr import E, lookup, where
 
 
+#: What `KeySet.unrank` gives for a rank no member has: past every position.
+NO_MEMBER = np.iinfo(np.int64).max
+
+
 @dataclass(frozen=True)
 class KeySet:
     T: int
@@ -63,12 +67,14 @@ class KeySet:
         return np.where(j < self.T, bidx[np.clip(j, 0, max(self.T - 1, 0))], inner)
 
     def unrank(self, rho: np.ndarray) -> np.ndarray:
+        """The member of each rank; `NO_MEMBER` (past every position) for ranks past the last
+        member of a set without classes (boundary keys only)."""
         rho = np.asarray(rho, dtype=np.int64)
         b = np.array(self.boundary + (0,), dtype=np.int64)
         c = np.array(self.classes + (0,), dtype=np.int64)
         r = np.maximum(rho - self.nb, 0)
         k = max(self.k, 1)
-        inner = self.T + (r // k) * self.P + c[r % k]
+        inner = self.T + (r // k) * self.P + c[r % k] if self.classes else np.full(np.shape(r), NO_MEMBER)
         return np.where(rho < self.nb, b[np.clip(rho, 0, max(self.nb - 1, 0))], inner)
 
     def count_upto(self, i: np.ndarray) -> np.ndarray:
