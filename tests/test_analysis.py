@@ -191,6 +191,29 @@ def test_vertical_period_longer_than_max_len_is_cut(n):
     decode_with_functions(a, mask)
 
 
+def test_regions_and_chunks_as_long_as_the_sequence_are_read_as_unbounded():
+    """A chunk (or a Rect) reaching max_len or past it bounds nothing within the sequence:
+    `restrict` reads one chunk covering [0, n)^2 as its unit (or as nothing where the layout's
+    first cell is off) and a stop at n or past it as unbounded, so these analyse as Causal() does
+    at 2^30 (before: 2^30 column shapes or boundary keys, refused; found by a new-user
+    exploration), and stay exact at small lengths."""
+    for b in (1 << 30, (1 << 30) + 5, 1 << 31):
+        for p in ((Rect(size=(b, b)) >> Diag(0, 1)) * Causal(), Rect(size=(b, b)) * Causal()):
+            a = analyze(p, 1 << 30)
+            assert a.closed_form and a.cache_size == 1 << 30 and a.scheme == "ring"
+    off = (Rect(size=(64, 64)) >> Diag(1, 1)) * Causal()          # the layout's first cell is off
+    assert not off.restrict(40).to_mask(40).any()
+    for n in (20, 40):
+        for p in ((Rect(size=(40, 40)) >> Diag(0, 1)) * Causal(), Rect(rows=(3, 40), cols=(0, 45)) * Causal(), off,
+                  (Rect(size=(45, 41)) * Diag(-2, 5) >> (Rect(size=(1, 2)) + Diag(3, 1))) * Causal()):
+            r = p.restrict(n)
+            assert r.restrict(n) is r and np.array_equal(r.to_mask(n), p.to_mask(n)), (p, n)
+            if p.to_mask(n).any():
+                a = analyze(p, n)
+                assert a.cache_size == brute_cache_size(p.to_mask(n))
+                decode_with_functions(a, p.to_mask(n))
+
+
 def test_boundary_longer_than_max_len_is_cut():
     """A composition whose boundary T (320) passes max_len (64): the analysis keeps no shapes for
     keys that never occur, so its functions hold no 320-entry tuple (the lowering refused it: the
@@ -302,10 +325,11 @@ def test_period_longer_than_the_sequence_is_read_up_to_max_len():
     chunks of 8192 and 3000): past max_len no key repeats, so the analysis reads max_len
     columns instead of T + P and says so; cache size, slots and events stay exact."""
     p = ((Rect(size=(12, 12)) >> Diag(0, 1)) + (Rect(size=(5, 5)) >> Diag(0, 1))) * Causal()
-    for n in (7, 48, 59):
+    for n in (7, 13, 48, 59):
         a = analyze(p, n)
         mask = p.to_mask(n)
-        assert any("longer than max_len" in note for note in a.notes)
+        # at 7 the chunks of 12 are one chunk, the whole sequence (`restrict`): period 5 is read
+        assert any("longer than max_len" in note for note in a.notes) == (n > 12)
         assert a.cache_size == brute_cache_size(mask)
         assert (a.last_use(np.arange(n)) == brute_last_use(mask)).all()
         decode_with_functions(a, mask)

@@ -128,7 +128,10 @@ class Pattern:
 
         Parameters beyond the length are exact to clamp: a band longer than any distance
         becomes unbounded, an offset past every index becomes empty, a stride longer than
-        the index range keeps its single on-line, a spread unit larger than n is cut to n.
+        the index range keeps its single on-line, a spread unit larger than n is cut to n. A
+        region's stop at n or past it becomes unbounded, and a spread whose one block covers
+        [0, n)^2 becomes its unit (or nothing, where the layout's first cell is off): a chunk
+        as long as the sequence leaves no boundary or period of n for the analysis to read.
         """
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= MAX_INDEX:
             raise PatternError(f"restrict: n must be a positive integer at most 2**61, got {n!r}")
@@ -413,9 +416,17 @@ class Spread(Pattern):
         # Rows i < n see the unit at i % h < min(h, n) and the layout at i // h: a unit taller
         # (wider) than n is the same as one cut to n, since then i // h = 0 and i % h = i.
         h, w = self.shape
+        if h >= n and w >= n and not self.layout.dynamics():
+            # one block covers [0, n)^2: the unit itself where the layout's first cell is on
+            # (chunks as long as the sequence are the unit), else nothing
+            if bool(self.layout.evaluate(np.zeros((), dtype=np.int64), np.zeros((), dtype=np.int64))):
+                return self.unit._restrict(n)
+            from sas.lang.primitives import _empty
+            return _empty(n)
         hh, ww = (h if h <= 2 * n else n), (w if w <= 2 * n else n)
-        unit = self.unit._restrict(max(min(hh, n), min(ww, n)))
-        layout = self.layout._restrict(max(-(-n // hh), -(-n // ww)))
+        # (one past the coordinates they are read at: a unit's own stop at its box stays a stop)
+        unit = self.unit._restrict(max(min(hh, n), min(ww, n)) + 1)
+        layout = self.layout._restrict(max(-(-n // hh), -(-n // ww)) + 1)
         if (hh, ww) == (h, w) and unit is self.unit and layout is self.layout:
             return self
         return Spread(unit, layout, None if unit.extent() == (hh, ww) else (hh, ww))

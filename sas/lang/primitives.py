@@ -67,8 +67,8 @@ def _axis_restrict(rng: tuple[int | None, int | None], stride: int, offset: int,
     if first >= stop:
         return None
     if first + stride >= stop:                # a single selected index
-        return (first, first + 1), 1, 0
-    return (lo, hi if hi is not None and hi <= n else None), stride, offset
+        return (first, first + 1 if first + 1 < n else None), 1, 0
+    return (lo, hi if hi is not None and hi < n else None), stride, offset
 
 
 def _cmp(left: ast.expr, op: ast.cmpop, right: ast.expr) -> ast.expr:
@@ -245,7 +245,9 @@ class Rect(Pattern):
         return all(b <= 2 * n for b in bounds) and max(self.stride) <= 2 * n
 
     def _restrict(self, n):
-        if self._params_within(n):
+        # a stop at or past n bounds nothing on [0, n): unbounded (a region as long as the
+        # sequence then has no boundary of n keys for the analysis to read one by one)
+        if self._params_within(n) and all(b is None or b < n for b in (self.rows[1], self.cols[1])):
             return self
         r = _axis_restrict(self.rows, self.stride[0], self.offset[0], n)
         c = _axis_restrict(self.cols, self.stride[1], self.offset[1], n)
