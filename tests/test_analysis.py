@@ -378,3 +378,46 @@ def test_report_counts_polygons_only_for_groups_of_few_runs(monkeypatch):
         assert (f"{runs} vertical runs of cells" in d and "not traced" in d) if runs > 8 else "polygon(s)" in d
         assert g.n_polygons == h.n_polygons and g.area == h.area
     assert any(len(g.cells[0]) > 8 for g in brief.groups)
+
+
+# --- what counting the live keys costs -----------------------------------------------------------
+
+def test_an_empty_pattern_is_known_before_any_count():
+    """No query below max_len attends a key: empty at once, whatever the distance its columns
+    repeat from (before: `Causal() * ~Diag(0, 2**31)` at 2^30 counted every position, 24 GB
+    and killed; found by a new-user exploration)."""
+    from sas.errors import EmptyPatternError
+
+    for p in (Causal() * ~Diag(0, 2**31), Rect(rows=(0, 2**29)) * Diag(2**29 + 7, 5)):
+        with pytest.raises(EmptyPatternError, match="attends no key within max_len=1073741824"):
+            analyze(p, 1 << 30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(causal_patterns(max_depth=3), st.integers(1, 60))
+def test_used_within_is_whether_the_mask_has_a_cell(p, n: int):
+    from sas.analysis.columns import column_shapes
+    from sas.analysis.liveness import used_within
+
+    q = p.restrict(n)
+    st_ = structure(q).within(n)
+    assume(st_.periodic)
+    assume(st_.T + st_.P <= 4096)            # a shape per boundary key and class, read whole
+    assert used_within(column_shapes(q, st_), n) == bool(p.to_mask(n).any())
+
+
+def test_counting_the_live_keys_keeps_to_the_host_limit(monkeypatch):
+    """The count reads the positions up to the distance from which the columns repeat (a band's
+    length, about the cache size): past SAS_HOST_TABLE_LIMIT it is a KernelError naming that
+    distance before any allocation (before: numpy's MemoryError, or the process killed, for a
+    2^29 window at 2^30)."""
+    from sas.errors import KernelError
+
+    with pytest.raises(KernelError, match=r"counting the live keys query by query up to distance 536870912 .* "
+                                          r"at max_len=1073741824 .*SAS_HOST_TABLE_LIMIT"):
+        analyze(Diag(0, 2**29), 1 << 30)
+    monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "100K")
+    with pytest.raises(KernelError, match="up to distance 3000 .* at max_len=8000"):
+        analyze(Diag(0, 3000), 8000)
+    monkeypatch.setenv("SAS_HOST_TABLE_LIMIT", "1M")
+    assert analyze(Diag(0, 3000), 8000).cache_size == 3000

@@ -13,6 +13,7 @@ from math import lcm
 import numpy as np
 
 from sas.analysis.columns import ColumnShapes
+from sas.limits import check_host_bytes
 
 
 #: Keys whose last use is computed per pass.
@@ -64,8 +65,39 @@ def windows(cols: ColumnShapes, n: int) -> list[tuple[int, int]]:
     return [(0, head), (n - tail, n)]
 
 
+#: Host bytes per position of `live_counts`: the keys read (int64, their live ranges' starts and
+#: stops) and the queries counted (two histograms, their difference and its running sum).
+KEY_BYTES, QUERY_BYTES = 24, 32
+
+
+def used_within(cols: ColumnShapes, n: int) -> bool:
+    """Does any query below n attend any key? (A shape's first key, the shape's index, is
+    attended first: later keys of its class only start later.)"""
+    s = np.arange(min(cols.n_shapes, n), dtype=np.int64)
+    first = cols.first_used[s]
+    return bool(np.any((first >= 0) & (s + first < n)))
+
+
+def count_bytes(cols: ColumnShapes, n: int) -> int:
+    """Host bytes `cache_size` takes over its windows (what `check_host_bytes` is asked)."""
+    K = int(cols.D.max()) + 2 * cols.Q + cols.P + 1
+    total = 0
+    for a, b in windows(cols, n):
+        lo = max(0, a - K)
+        total += KEY_BYTES * (min(cols.T, lo) + b - lo) + QUERY_BYTES * (b - a)
+    return total
+
+
 def cache_size(cols: ColumnShapes, n: int) -> tuple[int, int]:
-    """(minimal cache size, a query position where it is reached)."""
+    """(minimal cache size, a query position where it is reached); (0, 0) when no query below
+    n attends a key. Refused (`KernelError`) where counting the live keys would take more host
+    memory than SAS_HOST_TABLE_LIMIT: the windows follow the distance from which the columns
+    repeat (a band's length), about the cache size."""
+    if not used_within(cols, n):
+        return 0, 0
+    check_host_bytes(f"counting the live keys query by query up to distance {int(cols.D.max())} (from which the "
+                     f"pattern's columns repeat, e.g. a band's length: about its cache size) at max_len={n}",
+                     count_bytes(cols, n), "give a smaller max_len, or raise SAS_HOST_TABLE_LIMIT")
     best, where = -1, 0
     for a, b in windows(cols, n):
         live = live_counts(cols, n, a, b)

@@ -132,7 +132,9 @@ class Diag(Pattern):
         return abs(o) <= 2 * n and (s is None or o + s <= 2 * n) and t <= 2 * n
 
     def _restrict(self, n):
-        if self._params_within(n):
+        # (a band reaching distance n or past it is unbounded: its columns then repeat from a
+        # short distance instead of the band's end; offsets n and past are empty either way)
+        if self._params_within(n) and (self.size is None or self.offset + self.size < n or self.offset >= n):
             return self
         o, s, t = self.offset, self.size, self.stride
         # On [0, n)^2, i - j runs over [-(n - 1), n - 1]: the band [o, o + s) matters there only.
@@ -142,7 +144,7 @@ class Diag(Pattern):
         if first >= hi:
             return _empty(n)
         if first + t >= hi:                    # a single on-diagonal in range
-            return Diag(first, 1)
+            return Diag(first, 1 if first + 1 < n else None)
         return Diag(first, None if s is None or o + s >= n else hi - first, t)
 
     def evaluate(self, i, j):
