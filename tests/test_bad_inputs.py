@@ -83,7 +83,8 @@ def sas_sum(terms: int) -> str:
 
 
 def deep_pattern(depth: int) -> Pattern:
-    """Alternating + and * nested `depth` operators deep (sums and products do not flatten);
+    """Alternating + and * nested `depth` levels deep, the primitive at the bottom one of them
+    (sums and products do not flatten);
     causal, since every term is."""
     p: Pattern = Causal()
     while p.depth < depth:

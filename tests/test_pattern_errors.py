@@ -272,3 +272,37 @@ def test_primitive_arguments_are_named(make, words):
     with pytest.raises(PatternError) as e:
         make()
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+# --- depth and node count, kept from the operands --------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from strategies import patterns  # noqa: E402
+
+from sas.lang.pattern import Pattern  # noqa: E402
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(patterns(max_depth=3), min_size=2, max_size=5), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_sums_and_products_keep_depth_and_node_count_of_their_terms(parts, ops_):
+    """Or / And take their depth and node count from the operands (a spliced operand of their
+    kind gives its terms': one level and one node less), so building a sum term by term costs
+    O(operands) a step (before: the whole tree was walked at every '+', 12.8 s for 20000 terms;
+    found by a new-user exploration). Every node equals the definitions walked over its
+    children."""
+    p = parts[0]
+    for q, plus in zip(parts[1:], ops_):
+        p = p + q if plus else p * q
+    for node in p.walk():
+        assert node.depth == Pattern.depth.func(node)
+        assert node.node_count == Pattern.node_count.func(node)
+
+
+def test_a_long_sum_keeps_its_count_and_limit():
+    p = Diag(0, 1)
+    for i in range(1, 3000):
+        p = p + Diag(i, 1)
+    assert isinstance(p, Or) and len(p.terms) == 3000 and p.node_count == 3001 and p.depth == 2
+    with pytest.raises(PatternError, match="65537 nodes; the limit is 65536"):
+        Or(*[Diag(i, 1) for i in range(65536)])

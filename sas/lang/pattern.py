@@ -33,7 +33,8 @@ Extent = tuple[int | None, int | None]
 #: Every query / key index sas reasons about is below this (2^61): parameters restricted to
 #: it, and index arithmetic on them, fit in int64 with room to spare.
 MAX_INDEX = 1 << 61
-#: Deepest operator nesting a pattern may have (sums and products of many terms are flat;
+#: Most levels a pattern tree may have, a primitive being one and each operator above it one
+#: more (so at most MAX_DEPTH - 1 nested operators; sums and products of many terms are flat;
 #: only alternating operators, `~` and `>>` nest). Deeper trees would run into Python's
 #: recursion limit in the analysis and in code generation.
 MAX_DEPTH = 100
@@ -218,9 +219,9 @@ def _check_depth(node: Pattern) -> None:
     """An operator node's nesting depth and node count against MAX_DEPTH and MAX_NODES."""
     if node.depth > MAX_DEPTH:
         raise PatternError(
-            f"{type(node).__name__}: the pattern would be nested {node.depth} operators deep; the limit "
-            f"is {MAX_DEPTH} (sums and products of many terms are flat; only alternating operators, "
-            f"'~' and '>>' nest): build it with fewer nested levels")
+            f"{type(node).__name__}: the pattern would be {node.depth} levels deep ({node.depth - 1} nested "
+            f"operators over a primitive); the limit is {MAX_DEPTH} levels (sums and products of many terms are "
+            f"flat; only alternating operators, '~' and '>>' nest): build it with fewer nested levels")
     if node.node_count > MAX_NODES:
         raise PatternError(
             f"{type(node).__name__}: the pattern would have {node.node_count} nodes; the limit is {MAX_NODES} "
@@ -273,7 +274,14 @@ class _NAry(Pattern):
     _symbol = "?"
 
     def __init__(self, *terms: Pattern):
-        object.__setattr__(self, "terms", _terms(type(self), terms))
+        cls = type(self)
+        object.__setattr__(self, "terms", _terms(cls, terms))
+        # depth and node count from the operands' own (cached) ones: a spliced operand of this
+        # kind gives its terms, one level and one node less; so a sum built term by term costs
+        # O(operands) a step here, not O(terms)
+        spliced = [type(t) is cls for t in terms]
+        self.__dict__["depth"] = 1 + max(t.depth - s for t, s in zip(terms, spliced))
+        self.__dict__["node_count"] = 1 + sum(t.node_count - s for t, s in zip(terms, spliced))
         _check_depth(self)
 
     @property
