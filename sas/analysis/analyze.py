@@ -137,9 +137,10 @@ class Analysis:
         """cache_id_func for tokens 0..n-1 (n <= max_len; None: max_len), computed in bulk."""
         if n is None:
             n = self.max_len
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise AnalysisError(f"cache_ids: n must be None or an integer >= 0 (tokens 0 .. n-1), got {n!r}")
-        return cache_ids(self._scheme, min(int(n), self.max_len))
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.max_len:
+            raise AnalysisError(f"cache_ids: n must be None or an integer in [0, max_len={self.max_len}] (tokens "
+                                f"0 .. n-1; the analysis says nothing past max_len), got {n!r}")
+        return cache_ids(self._scheme, int(n))
 
     def last_use(self, j: np.ndarray) -> np.ndarray:
         """Last query < max_len attending each key j (0 <= j < max_len), -1 when none does."""
