@@ -156,6 +156,13 @@ def test_compile_dynamic_pattern_runs_standalone(tmp_path, refresh):
         want.append(ker.decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]))
         assert rt.held_keys() == ker.dynamic.held_keys()
     torch.testing.assert_close(torch.cat(got, 2), torch.cat(want, 2), rtol=1e-5, atol=1e-5)
+    # the package's checks are ValueErrors, as the static package's (before: RuntimeError here)
+    one = [t[:, :, N - 1:N] for t in (q, k, v)]
+    with pytest.raises(ValueError, match="no prompt yet"):
+        host.Runtime(ddec, sdec, torch.load(out / "plan.pt")["dynamic"]).decode(*one)
+    rt.length = 48
+    with pytest.raises(ValueError, match="position 48 is past MAX_LEN=48; compile the package with a larger"):
+        rt.decode(*one)
 
 
 def test_compile_dynamic_errors(tmp_path):

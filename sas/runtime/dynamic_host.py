@@ -575,10 +575,11 @@ class Runtime:
         dtype and device (a replayed step then skips comparing them with the graph's)."""
         K = self.kernels
         if self.state is None:
-            raise RuntimeError("Runtime.decode: no prompt yet; call prefill (or start) first")
+            raise ValueError("Runtime.decode: no prompt yet; call prefill (or start) first")
         pos = self.length
         if pos >= K.MAX_LEN:
-            raise RuntimeError(f"Runtime.decode: position {pos} is past MAX_LEN={K.MAX_LEN}")
+            raise ValueError(f"Runtime.decode: position {pos} is past MAX_LEN={K.MAX_LEN}; compile the package with a "
+                             f"larger --max-len")
         if K.REDUCE is None and accumulate is None:
             raise ValueError("Runtime.decode: the score chain is not fused; pass accumulate=")
         st = self.state
@@ -639,7 +640,7 @@ class Runtime:
     # --- what the selection holds -------------------------------------------------------------
     def _started(self, where: str) -> State:
         if self.state is None:
-            raise RuntimeError(f"Runtime.{where}: no prompt yet; call prefill (or start) first")
+            raise ValueError(f"Runtime.{where}: no prompt yet; call prefill (or start) first")
         return self.state
 
     def held_keys(self) -> list[list[list[int]]]:
