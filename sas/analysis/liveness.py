@@ -65,9 +65,11 @@ def windows(cols: ColumnShapes, n: int) -> list[tuple[int, int]]:
     return [(0, head), (n - tail, n)]
 
 
-#: Host bytes per position of `live_counts`: the keys read (int64, their live ranges' starts and
-#: stops) and the queries counted (two histograms, their difference and its running sum).
-KEY_BYTES, QUERY_BYTES = 24, 32
+#: Host bytes per position of `live_counts` at its peak: the keys read (int64, their live
+#: ranges' starts and stops, joined) and the queries counted (measured with tracemalloc: 48
+#: bytes a key, the queries' histograms freed by then; 8 a query kept as a margin), plus the
+#: temporaries of one pass of `last_use` over up to CHUNK keys.
+KEY_BYTES, QUERY_BYTES, PASS_BYTES = 48, 8, 128
 
 
 def used_within(cols: ColumnShapes, n: int) -> bool:
@@ -79,13 +81,15 @@ def used_within(cols: ColumnShapes, n: int) -> bool:
 
 
 def count_bytes(cols: ColumnShapes, n: int) -> int:
-    """Host bytes `cache_size` takes over its windows (what `check_host_bytes` is asked)."""
+    """Host bytes `cache_size` takes at its peak: its largest window's (what `check_host_bytes`
+    is asked; the windows are counted one after the other)."""
     K = int(cols.D.max()) + 2 * cols.Q + cols.P + 1
-    total = 0
+    most = 0
     for a, b in windows(cols, n):
         lo = max(0, a - K)
-        total += KEY_BYTES * (min(cols.T, lo) + b - lo) + QUERY_BYTES * (b - a)
-    return total
+        keys = min(cols.T, lo) + b - lo
+        most = max(most, KEY_BYTES * keys + QUERY_BYTES * (b - a) + PASS_BYTES * min(keys, CHUNK))
+    return most
 
 
 def cache_size(cols: ColumnShapes, n: int) -> tuple[int, int]:

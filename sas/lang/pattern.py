@@ -125,7 +125,9 @@ class Pattern:
 
     def restrict(self, n: int) -> "Pattern":
         """A pattern equal to this one on every cell (i, j) with 0 <= i, j < n whose integer
-        parameters all lie within [-2n, 2n] (`self` when they already do).
+        parameters all lie within about [-2n, 2n] (`self` when they already do; a spread's
+        unit and layout are restricted one past the coordinates they are read at, so each
+        nested spread may leave numbers up to 2 more).
 
         Parameters beyond the length are exact to clamp: a band longer than any distance
         becomes unbounded, an offset past every index becomes empty, a stride longer than
@@ -144,6 +146,11 @@ class Pattern:
     def _params_within(self, n: int) -> bool:
         """Do this node's own integer parameters lie within [-2n, 2n]?"""
         return True
+
+    def _empty_within(self, n: int) -> bool:
+        """Is this node, read alone, off on every cell of [0, n)^2? (Only what its own numbers
+        show at a glance: a primitive past the sequence; False where unsure.)"""
+        return False
 
     @cached_property
     def _index_safe(self) -> "Pattern":
@@ -297,6 +304,16 @@ class _NAry(Pattern):
 
     def _restrict(self, n):
         new = _restricted_terms(self.terms, n)
+        terms = self.terms if new is None else new
+        # a term off everywhere in the sequence: a product is nothing, a sum goes without it
+        # (else its numbers, about n, would set the distance the columns repeat from)
+        empty = [t._empty_within(n) for t in terms]
+        if any(empty):
+            from sas.lang.primitives import _empty
+            if isinstance(self, And) or all(empty):
+                return _empty(n)
+            kept = [t for t, e in zip(terms, empty) if not e]
+            return kept[0] if len(kept) == 1 else type(self)(*kept)
         return self if new is None else type(self)(*new)
 
     def __repr__(self):
@@ -357,6 +374,9 @@ class Not(Pattern):
 
     def _restrict(self, n):
         a = self.a._restrict(n)
+        if a._empty_within(n):          # not nothing: every cell
+            from sas.lang.primitives import Rect
+            return Rect()
         return self if a is self.a else Not(a)
 
     def predicate(self, i, j):
@@ -424,17 +444,23 @@ class Spread(Pattern):
         # Rows i < n see the unit at i % h < min(h, n) and the layout at i // h: a unit taller
         # (wider) than n is the same as one cut to n, since then i // h = 0 and i % h = i.
         h, w = self.shape
-        if h >= n and w >= n and not self.layout.dynamics():
+        hh, ww = (h if h <= 2 * n else n), (w if w <= 2 * n else n)
+        # (one past the coordinates they are read at: a unit's own stop at its box stays a stop)
+        m = max(-(-n // hh), -(-n // ww)) + 1
+        layout = self.layout._restrict(m)
+        if layout._empty_within(m):
+            from sas.lang.primitives import _empty
+            return _empty(n)
+        if h >= n and w >= n and not layout.dynamics():
             # one block covers [0, n)^2: the unit itself where the layout's first cell is on
-            # (chunks as long as the sequence are the unit), else nothing
-            if bool(self.layout.evaluate(np.zeros((), dtype=np.int64), np.zeros((), dtype=np.int64))):
+            # (chunks as long as the sequence are the unit), else nothing. (The restricted
+            # layout decides: a Dynamic it dropped cannot keep the block, or a second restrict
+            # would collapse what the first kept.)
+            if bool(layout.evaluate(np.zeros((), dtype=np.int64), np.zeros((), dtype=np.int64))):
                 return self.unit._restrict(n)
             from sas.lang.primitives import _empty
             return _empty(n)
-        hh, ww = (h if h <= 2 * n else n), (w if w <= 2 * n else n)
-        # (one past the coordinates they are read at: a unit's own stop at its box stays a stop)
         unit = self.unit._restrict(max(min(hh, n), min(ww, n)) + 1)
-        layout = self.layout._restrict(max(-(-n // hh), -(-n // ww)) + 1)
         if (hh, ww) == (h, w) and unit is self.unit and layout is self.layout:
             return self
         return Spread(unit, layout, None if unit.extent() == (hh, ww) else (hh, ww))

@@ -131,6 +131,10 @@ class Diag(Pattern):
         o, s, t = self.offset, self.size, self.stride
         return abs(o) <= 2 * n and (s is None or o + s <= 2 * n) and t <= 2 * n
 
+    def _empty_within(self, n):
+        # on [0, n)^2, i - j runs over [-(n - 1), n - 1]
+        return self.offset >= n or (self.size is not None and self.offset + self.size <= -(n - 1))
+
     def _restrict(self, n):
         # (a band reaching distance n or past it is unbounded: its columns then repeat from a
         # short distance instead of the band's end; offsets n and past are empty either way)
@@ -245,6 +249,9 @@ class Rect(Pattern):
     def _params_within(self, n):
         bounds = [b for b in self.rows + self.cols if b is not None]
         return all(b <= 2 * n for b in bounds) and max(self.stride) <= 2 * n
+
+    def _empty_within(self, n):
+        return any(lo is not None and lo >= n for lo in (self.rows[0], self.cols[0]))
 
     def _restrict(self, n):
         # a stop at or past n bounds nothing on [0, n): unbounded (a region as long as the
