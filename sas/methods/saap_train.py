@@ -18,7 +18,7 @@ from sas.dynamic.plan import plan_dynamic
 from sas.errors import SASError
 from sas.lang.pattern import Pattern
 from sas.methods.saap import SaapLayer, check_probes, fit_layer
-from sas.methods.saap_dynamic import is_partition, sink_window
+from sas.methods.saap_dynamic import SHAPE_ROWS, is_partition, sink_window
 from sas.methods.saap_state import SaapState, make_state
 
 
@@ -38,7 +38,10 @@ def pattern_layout(pattern: Pattern, length: int) -> tuple[int, int, int]:
     """(sink, window, probes) of an `ops.partition` pattern; `SaapTrainError` for other patterns."""
     if not isinstance(pattern, Pattern) or not pattern.dynamics():
         raise SaapTrainError(f"sas train: the pattern must hold a Dynamic scored by ops.partition(...), got {pattern!r}")
-    split = plan_dynamic(pattern, max_len=length)
+    # the layout is the pattern's own, read at SHAPE_ROWS tokens at least: at `length` alone a
+    # window longer than the text leaves the Dynamic nothing to select, which plan_dynamic
+    # refuses before check_tokens can name the --tokens needed
+    split = plan_dynamic(pattern, max_len=max(length, SHAPE_ROWS))
     if not is_partition(split):
         raise SaapTrainError(f"sas train: the pattern's Dynamic is scored by {split.dynamic.score!r}; sas train fits "
                              f"state for ops.partition(...) (Saap) only")
