@@ -240,6 +240,21 @@ def test_terms_off_in_the_whole_sequence_leave_sums_and_products():
     assert (Diag(n + 5, 3) * Diag(0, 4)).restrict(n) == Diag(n, 1)
     assert (~Diag(n + 5, 3) * Causal()).restrict(n) == Rect() * Causal()
     assert (Rect(size=(1, 6)) >> Diag(6, None)).restrict(2) == Diag(2, 1)
+    # a product holding a Dynamic keeps it: a region that starts past max_len is still the
+    # pattern's own (Saap with a window longer than a short max_len plans as before)
+    from sas.dynamic import plan_dynamic
+
+    saap_like = (Rect(cols=(0, 1)) + Diag(0, 100)) * Causal() + Diag(101, None) * Dynamic(budget=2)
+    r = saap_like.restrict(80)
+    assert len(r.dynamics()) == 1 and r.restrict(80) is r
+    assert plan_dynamic(saap_like, max_len=200).budget == 2
+    # within 80 tokens the static window holds every causal cell: nothing is left to select
+    # (before, the window's 100 kept its number below 2 * max_len and the plan went through)
+    from sas.errors import PatternError
+
+    with pytest.raises(PatternError, match=r"covers no cell outside the static part within max_len=80: .*give a "
+                                           r"longer max_len"):
+        plan_dynamic(saap_like, max_len=80)
     dropped = (Dynamic(budget=1) * Rect(size=(8, 8))) >> Diag(1, 1)      # nothing within 8
     for pinned in (Rect(size=(8, 8)) >> dropped, Rect(size=(8, 8)) >> (dropped + Diag(0, 1))):
         r = pinned.restrict(8)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sas.analysis.columns import ColumnShapes, column_shapes, upper_triangle_clear
+from sas.analysis.liveness import used_within
 from sas.errors import NotYetSupportedError, PatternError
 from sas.dynamic.fusion import analyze_fusion
 from sas.dynamic.trace import ScoreGraph, trace_score
@@ -337,9 +338,12 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
             raise PatternError(f"{pattern!r} is not causal (query {bad[0]} may attend key {bad[1]}); dynamic "
                                f"selection runs query by query: multiply the pattern by Causal()")
         cols = column_shapes(region, st)
-        if not cols.ever_used.any():
-            raise PatternError(f"the Dynamic component of {pattern!r} covers no cell outside the static part: "
-                               f"its region is empty (intersect the Dynamic with the cells it should select from)")
+        if not cols.ever_used.any() or (max_len is not None and not used_within(cols, max_len)):
+            where, longer = ((f" within max_len={max_len}", ", or give a longer max_len where the static part covers "
+                              f"every cell up to it") if max_len is not None else ("", ""))
+            raise PatternError(f"the Dynamic component of {pattern!r} covers no cell outside the static part{where}: "
+                               f"its region is empty (intersect the Dynamic with the cells it should select from"
+                               f"{longer})")
     else:
         if max_len is None:
             raise NotYetSupportedError(f"{pattern!r}: the dynamic region has no periodic description; pass "

@@ -306,9 +306,11 @@ class _NAry(Pattern):
         new = _restricted_terms(self.terms, n)
         terms = self.terms if new is None else new
         # a term off everywhere in the sequence: a product is nothing, a sum goes without it
-        # (else its numbers, about n, would set the distance the columns repeat from)
+        # (else its numbers, about n, would set the distance the columns repeat from). A product
+        # holding a Dynamic keeps it (its region, empty within n, is the pattern's own: the
+        # dynamic plan reads it at any length)
         empty = [t._empty_within(n) for t in terms]
-        if any(empty):
+        if any(empty) and not (isinstance(self, And) and self.dynamics()):
             from sas.lang.primitives import _empty
             if isinstance(self, And) or all(empty):
                 return _empty(n)
@@ -448,7 +450,7 @@ class Spread(Pattern):
         # (one past the coordinates they are read at: a unit's own stop at its box stays a stop)
         m = max(-(-n // hh), -(-n // ww)) + 1
         layout = self.layout._restrict(m)
-        if layout._empty_within(m):
+        if layout._empty_within(m) and not self.unit.dynamics():
             from sas.lang.primitives import _empty
             return _empty(n)
         if h >= n and w >= n and not layout.dynamics():
