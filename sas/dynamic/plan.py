@@ -340,7 +340,7 @@ def plan_dynamic(pattern: Pattern, *, max_len: int | None = None) -> DynamicPlan
         cols = column_shapes(region, st)
         if not cols.ever_used.any() or (max_len is not None and not used_within(cols, max_len)):
             where, longer = ((f" within max_len={max_len}", ", or give a longer max_len where the static part covers "
-                              f"every cell up to it") if max_len is not None else ("", ""))
+                              "every cell up to it") if max_len is not None else ("", ""))
             raise PatternError(f"the Dynamic component of {pattern!r} covers no cell outside the static part{where}: "
                                f"its region is empty (intersect the Dynamic with the cells it should select from"
                                f"{longer})")
