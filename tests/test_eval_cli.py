@@ -99,7 +99,24 @@ def test_generate_dense_streams_the_greedy_reply(loaded):
                              pad_token_id=tok.eos_token_id)
     expect = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert expect.strip() and r.stdout.strip() == expect.strip()
-    assert f"[{ids.shape[1]} prompt + 6 generated tokens; KV cache for {ids.shape[1] + 6} tokens:" in r.stderr
+    assert f"[{ids.shape[1]} prompt + 6 generated tokens; KV cache at {ids.shape[1] + 6} tokens:" in r.stderr
+
+
+def test_generate_reports_the_cache_at_the_length_reached(loaded):
+    """A reply that ends before --max-new-tokens: the summary gives the cache at the tokens the run
+    reached (before: at prompt + max-new-tokens, 4.3 GiB of dense cache for a 42-token run; found
+    by a new-user exploration)."""
+    import re
+
+    from sas.evaluation.report import fmt_bytes
+
+    r = run("generate", "dense", "hi", "--max-new-tokens", "200")
+    assert r.exit_code == 0, r.output
+    m = re.search(r"\[(\d+) prompt \+ (\d+) generated tokens; KV cache at (\d+) tokens: (\S+ \S+) \(dense", r.stderr)
+    assert m, r.stderr
+    prompt, new, at = (int(m.group(k)) for k in (1, 2, 3))
+    assert at == prompt + new and new <= 200
+    assert m.group(4) == fmt_bytes(at * 30 * 3 * 64 * 2 * 4)      # layers, KV heads, head dim, K and V, float32
 
 
 @pytest.mark.parametrize("args, fragments", [

@@ -161,4 +161,4 @@ def test_cli_generate_window_streams_text(loaded, tmp_path):
     w = _script(tmp_path, "w.py", "pattern = Diag(0, 16)")
     r = CliRunner().invoke(cli, ["generate", str(w), "Tell me about the sky.", "--max-new-tokens", "6"])
     assert r.exit_code == 0, r.output
-    assert r.stdout.strip() and "KV cache for" in r.stderr
+    assert r.stdout.strip() and "KV cache at" in r.stderr

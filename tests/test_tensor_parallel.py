@@ -138,8 +138,8 @@ def test_cli_generate_tp2_streams_the_same_text(tiny84: Path) -> None:
     assert two.returncode == 0, two.stderr[-4000:]
     text_one = one.stdout.strip().splitlines()[0]
     assert text_one and two.stdout.strip().splitlines()[0] == text_one
-    sizes_one = re.search(r"KV cache for (\d+) tokens: ([\d.]+) KiB", one.stderr)
-    sizes_two = re.search(r"KV cache for (\d+) tokens per rank of 2: ([\d.]+) KiB", two.stderr)
+    sizes_one = re.search(r"KV cache at (\d+) tokens: ([\d.]+) KiB", one.stderr)
+    sizes_two = re.search(r"KV cache at (\d+) tokens per rank of 2: ([\d.]+) KiB", two.stderr)
     assert sizes_one and sizes_two, (one.stderr, two.stderr[-2000:])
     assert sizes_two.group(1) == sizes_one.group(1)
     assert float(sizes_two.group(2)) * 2 == float(sizes_one.group(2))

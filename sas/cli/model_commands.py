@@ -201,7 +201,15 @@ def generate(pattern: str, prompt: str, model_spec: str, max_new_tokens: int, ba
             click.echo("")
             new = out.shape[1] - ids.shape[1]
             where = "" if tp == 1 else f" per rank of {tp}"
-            click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache for {total} tokens{where}: "
+            # at the length reached (the reply may end before --max-new-tokens: the cache sized for
+            # the requested length would overstate a dense cache that grows with the tokens)
+            at = f"at {out.shape[1]}"
+            if out.shape[1] < total:
+                try:
+                    cache = kv_cache_bytes(p, out.shape[1], ModelShape.of(model.config), model.dtype)
+                except SASError:        # (e.g. a Dynamic region that starts past the reply)
+                    at = f"sized for {total}"
+            click.echo(f"[{ids.shape[1]} prompt + {new} generated tokens; KV cache {at} tokens{where}: "
                        f"{fmt_bytes(cache.compact // tp)} (dense: {fmt_bytes(cache.dense // tp)})]", err=True)
     except BaseException:
         if tp > 1:
