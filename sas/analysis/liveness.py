@@ -20,11 +20,16 @@ from sas.limits import check_host_bytes
 CHUNK = 1 << 16
 
 
+def _first_key(cols: ColumnShapes, a: int) -> int:
+    """The first key `live_counts` reads one by one for the window from query a: the keys further
+    behind (past the boundary) are counted per residue."""
+    return max(0, a - (int(cols.D.max()) + 2 * cols.Q + cols.P + 1))
+
+
 def live_counts(cols: ColumnShapes, n: int, a: int, b: int) -> np.ndarray:
     """live(i) for i in [a, b), exactly, touching O(window + period) keys."""
     T, P, Q = cols.T, cols.P, cols.Q
-    K = int(cols.D.max()) + 2 * Q + P + 1
-    lo = max(0, a - K)
+    lo = _first_key(cols, a)
     # boundary keys below lo, then every key of [lo, b): sorted, distinct
     explicit = np.concatenate([np.arange(min(T, lo)), np.arange(lo, b)]).astype(np.int64)
     # CHUNK keys at a time (last_use's temporaries reused), each key's live range [start, stop]
@@ -83,10 +88,9 @@ def used_within(cols: ColumnShapes, n: int) -> bool:
 def count_bytes(cols: ColumnShapes, n: int) -> int:
     """Host bytes `cache_size` takes at its peak: its largest window's (what `check_host_bytes`
     is asked; the windows are counted one after the other)."""
-    K = int(cols.D.max()) + 2 * cols.Q + cols.P + 1
     most = 0
     for a, b in windows(cols, n):
-        lo = max(0, a - K)
+        lo = _first_key(cols, a)
         keys = min(cols.T, lo) + b - lo
         most = max(most, KEY_BYTES * keys + QUERY_BYTES * (b - a) + PASS_BYTES * min(keys, CHUNK))
     return most

@@ -251,6 +251,13 @@ def _terms(cls: type, terms: tuple[object, ...]) -> tuple[Pattern, ...]:
     return tuple(out)
 
 
+def _nothing(n: int) -> Pattern:
+    """`restrict`'s pattern with no cell on [0, n)^2 (`sas.lang.primitives._empty`; imported
+    here, where it is needed, since the primitives import this module)."""
+    from sas.lang.primitives import _empty
+    return _empty(n)
+
+
 def _restricted_terms(terms: tuple[Pattern, ...], n: int) -> tuple[Pattern, ...] | None:
     """The terms restricted to n, or None when none of them changes."""
     new = tuple(t._restrict(n) for t in terms)
@@ -311,9 +318,8 @@ class _NAry(Pattern):
         # dynamic plan reads it at any length)
         empty = [t._empty_within(n) for t in terms]
         if any(empty) and not (isinstance(self, And) and self.dynamics()):
-            from sas.lang.primitives import _empty
             if isinstance(self, And) or all(empty):
-                return _empty(n)
+                return _nothing(n)
             kept = [t for t, e in zip(terms, empty) if not e]
             return kept[0] if len(kept) == 1 else type(self)(*kept)
         return self if new is None else type(self)(*new)
@@ -451,8 +457,7 @@ class Spread(Pattern):
         m = max(-(-n // hh), -(-n // ww)) + 1
         layout = self.layout._restrict(m)
         if layout._empty_within(m) and not self.unit.dynamics():
-            from sas.lang.primitives import _empty
-            return _empty(n)
+            return _nothing(n)
         if h >= n and w >= n and not layout.dynamics():
             # one block covers [0, n)^2: the unit itself where the layout's first cell is on
             # (chunks as long as the sequence are the unit), else nothing. (The restricted
@@ -460,8 +465,7 @@ class Spread(Pattern):
             # would collapse what the first kept.)
             if bool(layout.evaluate(np.zeros((), dtype=np.int64), np.zeros((), dtype=np.int64))):
                 return self.unit._restrict(n)
-            from sas.lang.primitives import _empty
-            return _empty(n)
+            return _nothing(n)
         unit = self.unit._restrict(max(min(hh, n), min(ww, n)) + 1)
         if (hh, ww) == (h, w) and unit is self.unit and layout is self.layout:
             return self

@@ -36,13 +36,13 @@ buckets as the torch route at 64K-256K and matches the float64 reference; docs/s
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from sas.errors import KernelError, NotYetSupportedError
 from sas.methods.saap import SaapLayer, assign, check_probes, group_scores, probe
 from sas.methods.saap_route import saap_route_kernel
+from sas.methods.direct_launch import interpreting
 from sas.methods.partials_triton import merge_partials_kernel
 from sas.methods.saap_triton import saap_decode_kernel
 
@@ -120,7 +120,7 @@ class SaapDecoder:
             raise KernelError(f"{where}: q {tuple(q.shape)} does not group onto k {tuple(k.shape)}")
         if not q.device == k.device == v.device:
             raise KernelError(f"{where}: q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-        if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if q.device.type != "cuda" and not interpreting():
             raise KernelError(f"{where}: q is on {q.device}; the Saap kernels run on CUDA tensors (or on the CPU "
                               f"with TRITON_INTERPRET=1 set before triton is imported)")
         self.layer.check(k.shape[1], k.shape[3], where)
@@ -266,7 +266,7 @@ class SaapDecoder:
             bufs["logits"], bufs["dist"], bufs["counter"], bufs["probed"], bufs["mask"],
             i, self.max_len, hkv, g, d, hidden, c, self.probes, tiles,
             BLOCK_G=_pow2(g), BLOCK_D=bd, BLOCK_H=min(ROUTE_BLOCK_H, _pow2(hidden)), BLOCK_C=ROUTE_BLOCK_C,
-            BLOCK_CA=_pow2(c), BLOCK_DC=min(32, bd), LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1")
+            BLOCK_CA=_pow2(c), BLOCK_DC=min(32, bd), LIBDEVICE_EXP=not interpreting())
         return bufs["probed"], bufs["mask"]
 
     def _partials(self, bhkv: int, s: int, bg: int, bd: int, dev) -> tuple[torch.Tensor, ...]:
@@ -328,7 +328,7 @@ class SaapDecoder:
             *args, self.chunk, self.split, cap,
             BLOCK_G=bg, BLOCK_N=self.block_n, BLOCK_D=bd,
             DOT_PRECISION="ieee" if self.k.dtype == torch.float32 else "tf32",
-            UPCAST=self.k.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1", FUSE_MERGE=fuse)
+            UPCAST=self.k.dtype == torch.bfloat16 and interpreting(), FUSE_MERGE=fuse)
         if not fuse:
             merge_partials_kernel[(b * hkv,)](o_part, m_part, l_part, out, s, cap, g, d, BLOCK_G=bg, BLOCK_D=bd)
         return out
